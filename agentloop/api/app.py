@@ -1,0 +1,70 @@
+"""The FastAPI application: `agentloop serve`, OpenAPI at /docs."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from agentloop.api.routes import router
+from agentloop.dispatch import Dispatcher
+from agentloop.settings import Settings, get_settings
+from agentloop.store import Store
+
+
+def default_dispatcher(store: Store, settings: Settings) -> tuple[Dispatcher, object | None]:
+    """Celery when a broker is configured; else the in-process runtime (embedded mode)."""
+    if settings.broker_url:
+        from workers.app import app as celery_app
+        from workers.celery_dispatch import CeleryDispatcher
+
+        return CeleryDispatcher(celery_app), None
+    from workers.embedded import embedded_runtime
+
+    dispatcher, _ctx = embedded_runtime(store, settings)
+    return dispatcher, dispatcher
+
+
+def create_app(
+    settings: Settings | None = None, store: Store | None = None,
+    dispatcher: Dispatcher | None = None,
+) -> FastAPI:
+    """The API over a store and a dispatcher (built from the settings when not given).
+
+    The schema must already be migrated (`agentloop db upgrade`); the app never creates it.
+    """
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        own_store = store is None
+        app.state.settings = settings
+        app.state.store = store or Store(settings.resolved_database_url())
+        closer = None
+        if dispatcher is None:
+            app.state.dispatcher, closer = default_dispatcher(app.state.store, settings)
+        else:
+            app.state.dispatcher = dispatcher
+        yield
+        if closer is not None:
+            closer.close(wait=False)  # type: ignore[attr-defined]
+        if own_store:
+            app.state.store.dispose()
+
+    app = FastAPI(
+        title="agentloop",
+        version="0.1.0",
+        description="Agent-driven generation loops on diffusion models. Scores are "
+        "CLIPScore = 2.5 * max(cos, 0) (Hessel et al. 2021).",
+        lifespan=lifespan,
+    )
+    app.include_router(router)
+
+    @app.get("/healthz")
+    def healthz() -> dict[str, str]:
+        """Liveness and database reachability."""
+        app.state.store.ping()
+        return {"status": "ok"}
+
+    return app

@@ -1,0 +1,113 @@
+"""The /v1 routes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastapi import APIRouter, HTTPException, status
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse
+
+from agentloop.api.deps import DispatcherDep, SettingsDep, StoreDep
+from agentloop.api.schemas import (
+    CandidateOut,
+    GoalOut,
+    IterationAccepted,
+    IterationIn,
+)
+from agentloop.domain import CandidateDraft, GoalInvalid, GoalRequest, check_goal
+from agentloop.orchestrator import IterationRejected, close_goal, submit_iteration
+from agentloop.revisers import derive_seed
+
+router = APIRouter(prefix="/v1")
+
+
+def _goal_or_404(store: StoreDep, goal_id: str) -> GoalOut:
+    state = store.get_state(goal_id)
+    if state is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"goal {goal_id} not found")
+    return GoalOut.of(state.goal, state)
+
+
+@router.post("/goals", status_code=status.HTTP_201_CREATED, response_model=GoalOut)
+def create_goal(body: GoalRequest, store: StoreDep, dispatcher: DispatcherDep, settings: SettingsDep) -> GoalOut:
+    """Create a goal and start its loop."""
+    try:
+        spec = check_goal(body, settings)
+    except GoalInvalid as exc:
+        raise RequestValidationError(
+            [{"loc": ("body", f), "msg": m, "type": "value_error"} for f, m in exc.errors]
+        ) from None
+    goal = store.create_goal(spec)
+    dispatcher.advance_goal(goal.id)
+    return GoalOut.of(goal)
+
+
+@router.get("/goals", response_model=list[GoalOut])
+def list_goals(store: StoreDep, limit: int = 50, tenant: str | None = None) -> list[GoalOut]:
+    """The most recent goals."""
+    return [GoalOut.of(g) for g in store.list_goals(min(max(limit, 1), 500), tenant)]
+
+
+@router.get("/goals/{goal_id}", response_model=GoalOut)
+def get_goal(goal_id: str, store: StoreDep) -> GoalOut:
+    """A goal with its iterations and best candidate."""
+    return _goal_or_404(store, goal_id)
+
+
+@router.get("/goals/{goal_id}/candidates", response_model=list[CandidateOut])
+def list_candidates(goal_id: str, store: StoreDep) -> list[CandidateOut]:
+    """Every candidate of a goal, in iteration order."""
+    _goal_or_404(store, goal_id)
+    return [CandidateOut.of(c) for c in store.list_candidates(goal_id)]
+
+
+@router.post(
+    "/goals/{goal_id}/iterations", status_code=status.HTTP_201_CREATED,
+    response_model=IterationAccepted,
+)
+def add_iteration(
+    goal_id: str, body: IterationIn, store: StoreDep, dispatcher: DispatcherDep
+) -> IterationAccepted:
+    """Supply the next iteration's prompts (goals with reviser 'external')."""
+    goal = _goal_or_404(store, goal_id)
+    n_done = goal.generations_reserved
+    drafts = [
+        CandidateDraft(
+            prompt=p.prompt,
+            seed=p.seed if p.seed is not None else derive_seed(goal.spec["seed"], n_done, i),
+            negative_prompt=p.negative_prompt if p.negative_prompt is not None
+            else goal.spec["negative_prompt"],
+            edit="external",
+        )
+        for i, p in enumerate(body.prompts)
+    ]
+    try:
+        decision = submit_iteration(store, goal_id, drafts)
+    except IterationRejected as exc:
+        raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None
+    assert decision is not None and decision.model is not None
+    dispatcher.generate(decision.model, decision.dispatch)
+    index = len(goal.iterations)
+    return IterationAccepted(goal_id=goal_id, iteration=index, candidate_ids=decision.dispatch)
+
+
+@router.post("/goals/{goal_id}/close", response_model=GoalOut)
+def close(goal_id: str, store: StoreDep) -> GoalOut:
+    """End a goal that waits for its caller's prompts."""
+    _goal_or_404(store, goal_id)
+    try:
+        close_goal(store, goal_id)
+    except IterationRejected as exc:
+        raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None
+    return _goal_or_404(store, goal_id)
+
+
+@router.get("/artifacts/{goal_id}/{name}")
+def get_artifact(goal_id: str, name: str, settings: SettingsDep) -> FileResponse:
+    """A generated image."""
+    root = settings.resolved_artifacts_dir()
+    path = (root / goal_id / name).resolve()
+    if root not in path.parents or not path.is_file() or path.suffix != ".png":
+        raise HTTPException(status.HTTP_404_NOT_FOUND, "artifact not found")
+    return FileResponse(Path(path), media_type="image/png")

@@ -1,0 +1,188 @@
+"""The `agentloop` command line."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from agentloop.domain import GoalInvalid, GoalRequest, GoalStatus, check_goal
+from agentloop.settings import Settings, get_settings
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Agent-driven generation loops.")
+db_app = typer.Typer(no_args_is_help=True, help="Database schema (Alembic migrations).")
+app.add_typer(db_app, name="db")
+err = Console(stderr=True)
+
+
+def _fail(message: str, code: int = 2) -> None:
+    err.print(f"[red]error:[/red] {message}", highlight=False)
+    raise typer.Exit(code)
+
+
+@app.command()
+def run(
+    goal: Annotated[str, typer.Argument(help="What to generate, in words.")],
+    budget: Annotated[int, typer.Option(help="Most generations to spend.")] = 16,
+    fanout: Annotated[int, typer.Option(help="Candidates per iteration.")] = 4,
+    max_iterations: Annotated[int, typer.Option(help="Most iterations.")] = 8,
+    target_score: Annotated[float | None, typer.Option(help="Stop once the best CLIPScore reaches this.")] = None,
+    patience: Annotated[int, typer.Option(help="Stop after this many iterations without improvement.")] = 3,
+    model: Annotated[str | None, typer.Option(help="Model preset, folder or registered hub id.")] = None,
+    scorer: Annotated[str | None, typer.Option(help="Scorer preset or open_clip 'name:pretrained'.")] = None,
+    steps: Annotated[int | None, typer.Option(help="Denoising steps (default: the model's).")] = None,
+    size: Annotated[int | None, typer.Option(help="Image side in pixels, a multiple of 8.")] = None,
+    guidance: Annotated[float | None, typer.Option(help="Classifier-free guidance scale.")] = None,
+    seed: Annotated[int, typer.Option(help="Seed: same seed, same result.")] = 0,
+    reviser: Annotated[str, typer.Option(help="search (default) or external.")] = "search",
+    out: Annotated[Path | None, typer.Option(help="Output folder (default agentloop-out/<goal id>).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object with the result.")] = False,
+) -> None:
+    """Run one goal to the end and write its gallery."""
+    settings = get_settings()
+    try:
+        spec = check_goal(
+            GoalRequest.model_construct(
+                goal=goal, budget=budget, fanout=fanout, max_iterations=max_iterations,
+                target_score=target_score, patience=patience, model=model, scorer=scorer,
+                steps=steps, size=size, guidance=guidance, seed=seed, negative_prompt="",
+                reviser=reviser, tenant="default",
+            ),
+            settings,
+        )
+    except GoalInvalid as exc:
+        _fail(exc.first_line())
+    store = _open_store(settings)
+    dispatcher, closer = _dispatcher(store, settings)
+    goal_view = store.create_goal(spec)
+    dispatcher.advance_goal(goal_view.id)
+    try:
+        state = _follow(store, goal_view.id, closer, quiet=False)
+    finally:
+        if closer is not None:
+            closer.close(wait=False)
+    from agentloop.gallery import write_output
+
+    folder = out or Path("agentloop-out") / goal_view.id
+    data = write_output(state, settings.resolved_artifacts_dir(), folder)
+    if as_json:
+        data.pop("candidates")
+        data.pop("spec")
+        print(json.dumps(data))
+    else:
+        err.print(f"best score {data['best_score']} ({data['score_scale']})", highlight=False)
+        err.print(f"best prompt: {data['best_prompt']}", highlight=False)
+        err.print(f"gallery: {folder / 'index.html'}", highlight=False)
+    if state.goal.status is not GoalStatus.DONE:
+        raise typer.Exit(1)
+
+
+def _open_store(settings: Settings):  # noqa: ANN202 - agentloop.store.Store
+    from agentloop import migrate
+    from agentloop.store import Store
+
+    url = settings.resolved_database_url()
+    if url.startswith("sqlite"):
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        migrate.upgrade(url)  # the embedded database keeps itself at head
+    elif migrate.current(url) != migrate.head():
+        _fail("the database schema is not at head: run `agentloop db upgrade` first", 1)
+    return Store(url)
+
+
+def _dispatcher(store, settings: Settings):  # noqa: ANN001,ANN202
+    from agentloop.api.app import default_dispatcher
+
+    return default_dispatcher(store, settings)
+
+
+def _follow(store, goal_id: str, runtime, quiet: bool):  # noqa: ANN001,ANN202
+    """Show live progress until the goal stops; return its final state."""
+    from rich.live import Live
+
+    start = time.monotonic()
+    with Live(console=err, refresh_per_second=4, transient=False) as live:
+        while True:
+            state = store.get_state(goal_id)
+            goal = state.goal
+            done = sum(1 for c in state.candidates if c.status.terminal)
+            best = f"{goal.best_score:.3f}" if goal.best_score is not None else "–"
+            live.update(
+                f"iteration {max(len(state.iterations) - 1, 0)} · candidates {done}/{goal.budget} · "
+                f"best CLIPScore {best} · {time.monotonic() - start:.1f}s · {goal.status.value}"
+            )
+            if goal.status.terminal or goal.status is GoalStatus.WAITING:
+                return state
+            if runtime is not None and runtime.errors:
+                _fail(f"a task failed: {runtime.errors[0]!r}", 1)
+            time.sleep(0.25)
+
+
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port.")] = 8000,
+) -> None:
+    """Serve the HTTP API (OpenAPI at /docs)."""
+    import uvicorn
+
+    from agentloop.api.app import create_app
+
+    settings = get_settings()
+    _open_store(settings).dispose()
+    uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
+
+
+@db_app.command("upgrade")
+def db_upgrade(revision: Annotated[str, typer.Argument()] = "head") -> None:
+    """Migrate the database up to a revision (default head)."""
+    from agentloop import migrate
+
+    url = get_settings().resolved_database_url()
+    if url.startswith("sqlite"):
+        get_settings().data_dir.mkdir(parents=True, exist_ok=True)
+    migrate.upgrade(url, revision)
+    err.print(f"database at {migrate.current(url)}")
+
+
+@db_app.command("downgrade")
+def db_downgrade(revision: Annotated[str, typer.Argument()] = "base") -> None:
+    """Migrate the database down to a revision (default base: drops everything)."""
+    from agentloop import migrate
+
+    url = get_settings().resolved_database_url()
+    migrate.downgrade(url, revision)
+    err.print(f"database at {migrate.current(url)}")
+
+
+@db_app.command("current")
+def db_current() -> None:
+    """Print the database's revision."""
+    from agentloop import migrate
+
+    print(migrate.current(get_settings().resolved_database_url()))
+
+
+@app.command()
+def models() -> None:
+    """List the models and scorers this installation knows."""
+    from engine.catalog import known_models, known_scorers
+
+    settings = get_settings()
+    print("models:  " + ", ".join(known_models(settings.extra_models)))
+    print("scorers: " + ", ".join(known_scorers()) + ", or any open_clip 'name:pretrained'")
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()
+    sys.exit(0)

@@ -1,0 +1,94 @@
+"""The dispatcher interface, and the in-process implementation the embedded mode uses.
+
+A dispatcher hands two kinds of task to workers: `advance_goal(goal_id)` (the orchestrator's
+step, queue `control`) and `generate(model, candidate_ids)` (queue `gen.<model>`). The
+Celery implementation lives in `workers`; the in-process one below runs the very same task
+functions in threads.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Protocol
+
+log = logging.getLogger(__name__)
+
+
+def generation_queue(model: str) -> str:
+    """The queue generation tasks for `model` go to."""
+    return f"gen.{model}"
+
+
+class Dispatcher(Protocol):
+    """Sends tasks to whoever runs them. Calls must be safe from any thread."""
+
+    def advance_goal(self, goal_id: str) -> None: ...
+
+    def generate(self, model: str, candidate_ids: list[str]) -> None: ...
+
+
+class InProcessDispatcher:
+    """Runs task functions in this process: one control thread, `gen_threads` generation threads.
+
+    The functions are bound later (`bind`) because they need this dispatcher themselves.
+    Exceptions are logged and kept in `errors` so a caller waiting on a goal can stop.
+    """
+
+    def __init__(self, gen_threads: int = 1):
+        self._control = ThreadPoolExecutor(1, thread_name_prefix="agentloop-control")
+        self._gen = ThreadPoolExecutor(gen_threads, thread_name_prefix="agentloop-gen")
+        self._advance: Callable[[str], None] | None = None
+        self._generate: Callable[[list[str]], None] | None = None
+        self._lock = threading.Lock()
+        self._pending: set[Future[None]] = set()
+        self._closed = False
+        self.errors: list[BaseException] = []
+
+    def bind(
+        self, advance: Callable[[str], None], generate: Callable[[list[str]], None]
+    ) -> None:
+        """Set the task functions that the two kinds of task run."""
+        self._advance, self._generate = advance, generate
+
+    def advance_goal(self, goal_id: str) -> None:
+        assert self._advance is not None, "bind() the task functions first"
+        self._submit(self._control, self._advance, goal_id)
+
+    def generate(self, model: str, candidate_ids: list[str]) -> None:
+        assert self._generate is not None, "bind() the task functions first"
+        self._submit(self._gen, self._generate, list(candidate_ids))
+
+    def _submit(self, pool: ThreadPoolExecutor, fn: Callable[[object], None], arg: object) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            future = pool.submit(self._run, fn, arg)
+            self._pending.add(future)
+        future.add_done_callback(self._done)
+
+    def _run(self, fn: Callable[[object], None], arg: object) -> None:
+        try:
+            fn(arg)
+        except BaseException as exc:  # noqa: BLE001 - kept for the waiting caller
+            log.exception("in-process task failed")
+            self.errors.append(exc)
+
+    def _done(self, future: Future[None]) -> None:
+        with self._lock:
+            self._pending.discard(future)
+
+    @property
+    def busy(self) -> bool:
+        """True while any task is queued or running."""
+        with self._lock:
+            return bool(self._pending)
+
+    def close(self, wait: bool = True) -> None:
+        """Stop taking tasks; with wait, let the running ones finish."""
+        with self._lock:
+            self._closed = True
+        self._control.shutdown(wait=wait, cancel_futures=not wait)
+        self._gen.shutdown(wait=wait, cancel_futures=not wait)

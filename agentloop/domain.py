@@ -1,0 +1,312 @@
+"""Domain types: statuses, the goal spec and its validation, plain views of stored rows."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from agentloop.settings import Settings
+
+
+class GoalStatus(StrEnum):
+    """Where a goal is in its life."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    WAITING = "waiting"  # external reviser: waiting for the caller's next prompts
+    DONE = "done"
+    FAILED = "failed"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (GoalStatus.DONE, GoalStatus.FAILED)
+
+
+class StopReason(StrEnum):
+    """Why a goal stopped."""
+
+    TARGET_REACHED = "target_reached"
+    BUDGET_SPENT = "budget_spent"
+    MAX_ITERATIONS = "max_iterations"
+    NO_IMPROVEMENT = "no_improvement"
+    GENERATION_FAILED = "generation_failed"
+    CLOSED_BY_CALLER = "closed_by_caller"
+
+
+class IterationStatus(StrEnum):
+    """An iteration is open while any of its candidates is unfinished."""
+
+    OPEN = "open"
+    CLOSED = "closed"
+
+
+class CandidateStatus(StrEnum):
+    """One generation's life: queued → running → succeeded | failed (running → queued on retry)."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (CandidateStatus.SUCCEEDED, CandidateStatus.FAILED)
+
+
+class GoalInvalid(ValueError):
+    """A goal spec was rejected; `errors` holds (field, message) pairs."""
+
+    def __init__(self, errors: list[tuple[str, str]]):
+        self.errors = errors
+        super().__init__("; ".join(f"{f}: {m}" for f, m in errors))
+
+    def first_line(self) -> str:
+        """One line naming the first bad field, for a terminal."""
+        field_name, message = self.errors[0]
+        return f"invalid {field_name}: {message}"
+
+
+class GoalRequest(BaseModel):
+    """What a caller may ask for. Unset fields take the model's or the settings' defaults."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    goal: str
+    budget: int = 16
+    fanout: int = 4
+    max_iterations: int = 8
+    target_score: float | None = None
+    patience: int = 3
+    model: str | None = None
+    scorer: str | None = None
+    steps: int | None = None
+    size: int | None = None
+    guidance: float | None = None
+    seed: int = 0
+    negative_prompt: str = ""
+    reviser: Literal["search", "external"] = "search"
+    tenant: str = "default"
+
+
+@dataclass(frozen=True)
+class GoalSpec:
+    """A validated goal with every default resolved; stored as the goal's `spec` JSON."""
+
+    goal: str
+    budget: int
+    fanout: int
+    max_iterations: int
+    target_score: float | None
+    patience: int
+    model: str
+    scorer: str
+    steps: int
+    size: int
+    guidance: float
+    seed: int
+    negative_prompt: str
+    reviser: str
+    tenant: str
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> GoalSpec:
+        return cls(**data)
+
+
+# The catalog answers "does this model exist" without importing torch.
+def _model_defaults(model: str, extra_models: tuple[str, ...]) -> dict[str, Any]:
+    from engine.defaults import model_defaults
+
+    return model_defaults(model, extra_models)
+
+
+def _pick_default(preferred: str, fallback: str, known: bool) -> str:
+    return preferred if known else fallback
+
+
+def check_goal(data: dict[str, Any] | GoalRequest, settings: Settings) -> GoalSpec:
+    """Validate a goal request against the settings' limits; raise GoalInvalid naming each field."""
+    from engine.catalog import is_known_model, is_known_scorer
+
+    if isinstance(data, GoalRequest):
+        req = data
+    else:
+        try:
+            req = GoalRequest.model_validate(data)
+        except ValidationError as exc:
+            raise GoalInvalid(
+                [(".".join(str(p) for p in e["loc"]) or "body", e["msg"]) for e in exc.errors()]
+            ) from None
+    errors: list[tuple[str, str]] = []
+    text = re.sub(r"\s+", " ", req.goal).strip()
+    if not text:
+        errors.append(("goal", "must not be empty"))
+    elif len(text) > settings.max_goal_chars:
+        errors.append(("goal", f"must be at most {settings.max_goal_chars} characters"))
+    if not 1 <= req.budget <= settings.max_budget:
+        errors.append(("budget", f"must be between 1 and {settings.max_budget}"))
+    if not 1 <= req.fanout <= settings.max_fanout:
+        errors.append(("fanout", f"must be between 1 and {settings.max_fanout}"))
+    if req.max_iterations < 1:
+        errors.append(("max_iterations", "must be at least 1"))
+    if req.patience < 1:
+        errors.append(("patience", "must be at least 1"))
+    if req.target_score is not None and not 0 < req.target_score <= 2.5:
+        errors.append(("target_score", "must be in (0, 2.5] (CLIPScore, Hessel et al. scale)"))
+    if req.reviser not in ("search", "external"):
+        errors.append(("reviser", "must be 'search' or 'external'"))
+    if req.guidance is not None and req.guidance < 0:
+        errors.append(("guidance", "must be >= 0"))
+    if not 0 <= req.seed < 2**63:
+        errors.append(("seed", "must be between 0 and 2**63-1"))
+    extra_m = tuple(settings.extra_models)
+    model = req.model or _pick_default(
+        settings.default_model, "tiny-dit", is_known_model(settings.default_model, extra_m)
+    )
+    if not is_known_model(model, extra_m):
+        errors.append(("model", f"unknown model {model!r}"))
+    scorer = req.scorer or _pick_default(
+        settings.default_scorer, "tiny-clip", is_known_scorer(settings.default_scorer)
+    )
+    if not is_known_scorer(scorer):
+        errors.append(("scorer", f"unknown scorer {scorer!r}"))
+    defaults = _model_defaults(model, extra_m) if not any(f == "model" for f, _ in errors) else {}
+    steps = req.steps if req.steps is not None else int(defaults.get("steps", 20))
+    if not 1 <= steps <= settings.max_steps:
+        errors.append(("steps", f"must be between 1 and {settings.max_steps}"))
+    size = req.size if req.size is not None else int(defaults.get("size", 32))
+    if size <= 0 or size % 8:
+        errors.append(("size", "must be a positive multiple of 8"))
+    elif size > settings.max_size:
+        errors.append(("size", f"must be at most {settings.max_size}"))
+    if errors:
+        raise GoalInvalid(errors)
+    guidance = req.guidance if req.guidance is not None else float(defaults.get("guidance", 1.0))
+    return GoalSpec(
+        goal=text, budget=req.budget, fanout=req.fanout, max_iterations=req.max_iterations,
+        target_score=req.target_score, patience=req.patience, model=model, scorer=scorer,
+        steps=steps, size=size, guidance=guidance, seed=req.seed,
+        negative_prompt=req.negative_prompt, reviser=req.reviser, tenant=req.tenant,
+    )
+
+
+def split_parts(text: str) -> tuple[str, ...]:
+    """Split a goal into the parts a score is kept for ("a red circle and a blue square")."""
+    parts = [p.strip(" ,.") for p in re.split(r",?\s+and\s+|;\s*", text) if p.strip(" ,.")]
+    return tuple(parts) if len(parts) > 1 else ()
+
+
+@dataclass
+class CandidateView:
+    """A stored candidate, as plain data."""
+
+    id: str
+    goal_id: str
+    iteration: int
+    ordinal: int
+    prompt: str
+    negative_prompt: str
+    seed: int
+    params: dict[str, Any]
+    status: CandidateStatus
+    attempts: int
+    worker: str | None
+    clip_score: float | None
+    part_scores: dict[str, float]
+    artifact_uri: str | None
+    timings: dict[str, float]
+    error: str | None
+    parent_id: str | None
+    edit: str | None
+    queued_at: datetime | None
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+@dataclass
+class IterationView:
+    """A stored iteration, as plain data."""
+
+    index: int
+    status: IterationStatus
+    notes: dict[str, Any]
+    best_score: float | None
+    created_at: datetime | None
+    closed_at: datetime | None
+
+
+@dataclass
+class GoalView:
+    """A stored goal, as plain data."""
+
+    id: str
+    tenant: str
+    text: str
+    spec: GoalSpec
+    status: GoalStatus
+    stop_reason: str | None
+    budget: int
+    generations_reserved: int
+    best_candidate_id: str | None
+    best_score: float | None
+    error: str | None
+    created_at: datetime | None
+    updated_at: datetime | None
+    finished_at: datetime | None
+
+
+@dataclass
+class GoalState:
+    """Everything the orchestrator reads for one decision, taken under the goal's lock."""
+
+    goal: GoalView
+    iterations: list[IterationView]
+    candidates: list[CandidateView] = field(default_factory=list)
+
+    def of_iteration(self, index: int) -> list[CandidateView]:
+        return [c for c in self.candidates if c.iteration == index]
+
+
+@dataclass
+class CandidateDraft:
+    """A candidate a reviser proposes: what to generate, and where it came from."""
+
+    prompt: str
+    seed: int
+    negative_prompt: str = ""
+    parent_id: str | None = None
+    edit: str | None = None
+
+
+@dataclass
+class Decision:
+    """What one orchestrator step decided; the store applies it in the same transaction."""
+
+    close_iteration: int | None = None
+    iteration_best: float | None = None
+    best: tuple[str, float] | None = None
+    new_candidates: list[CandidateDraft] = field(default_factory=list)
+    notes: dict[str, Any] = field(default_factory=dict)
+    goal_status: GoalStatus | None = None
+    stop_reason: str | None = None
+    error: str | None = None
+    redispatch: list[str] = field(default_factory=list)
+    dispatch: list[str] = field(default_factory=list)
+    """Filled by the store: ids of candidates to hand to generation workers after commit."""
+    model: str | None = None
+    """Filled by the store: the goal's model, which names the generation queue."""
+
+    @property
+    def is_noop(self) -> bool:
+        return not (
+            self.close_iteration is not None or self.best or self.new_candidates
+            or self.goal_status or self.redispatch
+        )

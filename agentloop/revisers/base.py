@@ -1,0 +1,63 @@
+"""The reviser plug-in interface: read the scored history, propose the next candidates."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from agentloop.domain import CandidateDraft, CandidateStatus, CandidateView, GoalSpec
+
+
+@dataclass
+class ReviserContext:
+    """What a reviser sees: the goal, its parts, the whole history, and how many to propose."""
+
+    spec: GoalSpec
+    parts: tuple[str, ...]
+    iteration: int
+    n: int
+    history: list[CandidateView]
+
+    def scored(self) -> list[CandidateView]:
+        """Succeeded candidates, best first."""
+        done = [c for c in self.history if c.status is CandidateStatus.SUCCEEDED]
+        return sorted(done, key=lambda c: (-objective(c, self.parts), c.iteration, c.ordinal))
+
+
+@dataclass
+class Proposal:
+    """The next iteration's candidates and the reviser's notes on why."""
+
+    candidates: list[CandidateDraft]
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
+class Reviser(Protocol):
+    """Proposes candidates; must be deterministic given its context."""
+
+    name: str
+
+    def propose(self, ctx: ReviserContext) -> Proposal: ...
+
+
+def objective(c: CandidateView, parts: tuple[str, ...]) -> float:
+    """How candidates are ranked, on the CLIPScore scale (2.5·max(cos, 0), Hessel et al. 2021).
+
+    A one-part goal ranks by its CLIPScore. A goal of several parts ranks by the mean of the
+    whole-goal CLIPScore and the weakest part's CLIPScore, so an image that drops a part loses.
+    """
+    score = c.clip_score or 0.0
+    part_values = [c.part_scores[p] for p in parts if p in c.part_scores]
+    if not part_values:
+        return score
+    return 0.5 * (score + min(part_values))
+
+
+def derive_seed(base: int, iteration: int, ordinal: int, salt: int = 0) -> int:
+    """A fresh, deterministic 31-bit seed for (goal seed, iteration, ordinal)."""
+    x = ((base + 1) * 0x9E3779B97F4A7C15 + iteration * 0xBF58476D1CE4E5B9 + ordinal * 0x94D049BB133111EB
+         + salt * 0x2545F4914F6CDD1D) & 0xFFFFFFFFFFFFFFFF
+    x ^= x >> 31
+    x = (x * 0xD6E8FEB86659FD93) & 0xFFFFFFFFFFFFFFFF
+    x ^= x >> 32
+    return int(x & 0x7FFFFFFF)

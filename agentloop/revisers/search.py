@@ -1,0 +1,147 @@
+"""The default reviser: a score-guided local search over seeds and prompt edits."""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+from collections import defaultdict
+
+from agentloop.domain import CandidateDraft, CandidateView
+from agentloop.revisers.base import Proposal, ReviserContext, derive_seed, objective
+
+# Generic descriptive modifiers a prompt may gain or lose besides the goal's own words.
+VOCABULARY: tuple[str, ...] = (
+    "clear", "simple", "bold", "solid color", "sharp edges", "high contrast", "flat", "plain",
+)
+STOPWORDS = frozenset(
+    "a an the of on in at to and with its their is are one two some very behind beside".split()
+)
+EDIT_KINDS = ("emphasize", "add", "strengthen", "drop")
+
+
+def goal_modifiers(parts: tuple[str, ...], text: str) -> list[str]:
+    """Descriptive words of the goal: its words less stopwords and each part's final noun."""
+    words: list[str] = []
+    for phrase in parts or (text,):
+        tokens = re.findall(r"[a-zA-Z][a-zA-Z-]*", phrase.lower())
+        head = tokens[-1] if tokens else ""
+        words += [t for t in tokens if t not in STOPWORDS and t != head and t not in words]
+    return words
+
+
+class SearchReviser:
+    """Explores fresh seeds around the best prompts and edits prompts, keeping the best so far.
+
+    Each iteration after the first spends about half its slots on new seeds for the best
+    prompts (exploitation) and half on prompt edits of the best candidates, keeping the
+    parent's seed so the edit is what changes. Edit kinds that beat their parents before are
+    picked more often.
+    """
+
+    name = "search"
+
+    def propose(self, ctx: ReviserContext) -> Proposal:
+        rng = random.Random(derive_seed(ctx.spec.seed, ctx.iteration, 0, salt=7))
+        used = {(c.prompt, c.seed) for c in ctx.history}
+        ranked = ctx.scored()
+        if not ranked:
+            drafts = self._reseeds(ctx, [ctx.spec.goal], ctx.n, used, parent=None)
+            return Proposal(drafts, {"strategy": "seeds", "reason": "no scored candidates yet"})
+        weights = self._edit_weights(ctx)
+        n_edits = ctx.n // 2
+        best = ranked[0]
+        parents = _unique_prompts(ranked)[: max(1, min(3, ctx.n))]
+        drafts: list[CandidateDraft] = []
+        for i in range(n_edits):
+            parent = parents[i % len(parents)]
+            draft = self._edit(ctx, parent, weights, rng, used)
+            if draft:
+                drafts.append(draft)
+        reseed_prompts = [p.prompt for p in parents for _ in range(len(parents) - parents.index(p))]
+        drafts += self._reseeds(ctx, reseed_prompts, ctx.n - len(drafts), used, parent=best)
+        notes = {
+            "strategy": "search",
+            "best_so_far": {"id": best.id, "prompt": best.prompt, "objective": objective(best, ctx.parts)},
+            "edit_weights": {k: round(v, 3) for k, v in weights.items()},
+            "edits": [d.edit for d in drafts],
+        }
+        return Proposal(drafts, notes)
+
+    def _reseeds(
+        self, ctx: ReviserContext, prompts: list[str], n: int, used: set[tuple[str, int]],
+        parent: CandidateView | None,
+    ) -> list[CandidateDraft]:
+        drafts = []
+        salt = 0
+        while len(drafts) < n:
+            prompt = prompts[len(drafts) % len(prompts)]
+            seed = derive_seed(ctx.spec.seed, ctx.iteration, len(drafts), salt)
+            salt += 1
+            if (prompt, seed) in used:
+                continue
+            used.add((prompt, seed))
+            pid = parent.id if parent and parent.prompt == prompt else None
+            drafts.append(CandidateDraft(prompt, seed, ctx.spec.negative_prompt, pid, "seed"))
+        return drafts
+
+    def _edit_weights(self, ctx: ReviserContext) -> dict[str, float]:
+        """exp(mean gain over parent) per edit kind; unseen kinds get weight 1."""
+        by_id = {c.id: c for c in ctx.history}
+        gains: dict[str, list[float]] = defaultdict(list)
+        for c in ctx.history:
+            parent = by_id.get(c.parent_id or "")
+            if c.edit and parent and c.clip_score is not None and parent.clip_score is not None:
+                kind = c.edit.split(":", 1)[0]
+                gains[kind].append(objective(c, ctx.parts) - objective(parent, ctx.parts))
+        return {k: math.exp(10 * sum(gains[k]) / len(gains[k])) if gains[k] else 1.0
+                for k in EDIT_KINDS}
+
+    def _edit(
+        self, ctx: ReviserContext, parent: CandidateView, weights: dict[str, float],
+        rng: random.Random, used: set[tuple[str, int]],
+    ) -> CandidateDraft | None:
+        options = [(k, e) for k in EDIT_KINDS for e in _edits_of(k, ctx, parent)]
+        rng.shuffle(options)
+        options.sort(key=lambda o: -weights[o[0]] * rng.random())
+        for _kind, (edit, prompt) in options:
+            if (prompt, parent.seed) not in used:
+                used.add((prompt, parent.seed))
+                return CandidateDraft(prompt, parent.seed, parent.negative_prompt, parent.id, edit)
+        return None
+
+
+def _unique_prompts(ranked: list[CandidateView]) -> list[CandidateView]:
+    seen: set[str] = set()
+    out = []
+    for c in ranked:
+        if c.prompt not in seen:
+            seen.add(c.prompt)
+            out.append(c)
+    return out
+
+
+def _edits_of(kind: str, ctx: ReviserContext, parent: CandidateView) -> list[tuple[str, str]]:
+    """(edit label, new prompt) pairs of one kind for a parent candidate."""
+    prompt = parent.prompt
+    if kind == "emphasize" and ctx.parts:
+        weakest = min(ctx.parts, key=lambda p: parent.part_scores.get(p, 0.0))
+        rest = [p for p in ctx.parts if p != weakest]
+        return [(f"emphasize:{weakest}", " and ".join([weakest, *rest]))]
+    if kind == "add":
+        words = [w for w in (*goal_modifiers(ctx.parts, ctx.spec.goal), *VOCABULARY)
+                 if f", {w}" not in prompt]
+        return [(f"add:{w}", f"{prompt}, {w}") for w in words]
+    if kind == "strengthen":
+        out = []
+        for w in goal_modifiers(ctx.parts, ctx.spec.goal):
+            if re.search(rf"\b{re.escape(w)}\b", prompt) and f"very {w}" not in prompt:
+                out.append((f"strengthen:{w}", re.sub(rf"\b{re.escape(w)}\b", f"very {w}", prompt, count=1)))
+        return out
+    if kind == "drop":
+        added = re.findall(r", ([^,]+)", prompt)
+        out = [(f"drop:{w}", prompt.replace(f", {w}", "", 1)) for w in added]
+        out += [(f"drop:very {w}", prompt.replace(f"very {w}", w, 1))
+                for w in re.findall(r"very (\w+)", prompt)]
+        return out
+    return []

@@ -1,0 +1,97 @@
+"""ORM models. The schema itself is created only by the Alembic migrations."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+
+
+class GoalRow(Base):
+    __tablename__ = "goals"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(64), default="default")
+    text: Mapped[str] = mapped_column(Text)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    stop_reason: Mapped[str | None] = mapped_column(String(32))
+    budget: Mapped[int] = mapped_column(Integer)
+    generations_reserved: Mapped[int] = mapped_column(Integer, default=0)
+    best_candidate_id: Mapped[str | None] = mapped_column(String(32))
+    best_score: Mapped[float | None] = mapped_column(Float)
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime())
+    updated_at: Mapped[datetime] = mapped_column(DateTime())
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime())
+
+
+class IterationRow(Base):
+    __tablename__ = "iterations"
+    __table_args__ = (UniqueConstraint("goal_id", "index", name="uq_iterations_goal_index"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    goal_id: Mapped[str] = mapped_column(ForeignKey("goals.id", ondelete="CASCADE"), index=True)
+    index: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(16))
+    notes: Mapped[dict[str, Any]] = mapped_column(JSON)
+    best_score: Mapped[float | None] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(DateTime())
+    closed_at: Mapped[datetime | None] = mapped_column(DateTime())
+
+
+class CandidateRow(Base):
+    __tablename__ = "candidates"
+    __table_args__ = (
+        UniqueConstraint("goal_id", "iteration", "ordinal", name="uq_candidates_goal_iter_ordinal"),
+        Index("ix_candidates_goal_status", "goal_id", "status"),
+    )
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    goal_id: Mapped[str] = mapped_column(ForeignKey("goals.id", ondelete="CASCADE"))
+    iteration_id: Mapped[int] = mapped_column(ForeignKey("iterations.id", ondelete="CASCADE"))
+    iteration: Mapped[int] = mapped_column(Integer)
+    ordinal: Mapped[int] = mapped_column(Integer)
+    prompt: Mapped[str] = mapped_column(Text)
+    negative_prompt: Mapped[str] = mapped_column(Text, default="")
+    seed: Mapped[int] = mapped_column(BigInteger)
+    params: Mapped[dict[str, Any]] = mapped_column(JSON)
+    status: Mapped[str] = mapped_column(String(16))
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    worker: Mapped[str | None] = mapped_column(String(128))
+    clip_score: Mapped[float | None] = mapped_column(Float)
+    part_scores: Mapped[dict[str, float]] = mapped_column(JSON)
+    artifact_uri: Mapped[str | None] = mapped_column(Text)
+    timings: Mapped[dict[str, float]] = mapped_column(JSON)
+    error: Mapped[str | None] = mapped_column(Text)
+    parent_id: Mapped[str | None] = mapped_column(String(32))
+    edit: Mapped[str | None] = mapped_column(Text)
+    queued_at: Mapped[datetime | None] = mapped_column(DateTime())
+    started_at: Mapped[datetime | None] = mapped_column(DateTime())
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime())

@@ -1,0 +1,1 @@
+"""Celery workers: the app, its tasks, and per-process model residency."""

@@ -1,0 +1,23 @@
+"""The embedded runtime: the same task functions, run in threads of this process."""
+
+from __future__ import annotations
+
+from agentloop.dispatch import InProcessDispatcher
+from agentloop.settings import Settings
+from agentloop.store import Store
+from workers.jobs import WorkerContext, advance_goal_job, generate_job
+from workers.residency import Residency
+
+
+def embedded_runtime(
+    store: Store, settings: Settings, residency: Residency | None = None
+) -> tuple[InProcessDispatcher, WorkerContext]:
+    """An in-process dispatcher bound to the task functions, and the context they share."""
+    dispatcher = InProcessDispatcher(gen_threads=1)
+    ctx = WorkerContext(
+        store=store, dispatcher=dispatcher, settings=settings,
+        residency=residency or Residency(extra_models=tuple(settings.extra_models)),
+        worker_name=settings.worker_name or "embedded",
+    )
+    dispatcher.bind(lambda gid: advance_goal_job(ctx, gid), lambda ids: generate_job(ctx, ids))
+    return dispatcher, ctx

@@ -1,0 +1,133 @@
+"""The task functions. Celery tasks and the in-process dispatcher both run exactly these."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from agentloop.dispatch import Dispatcher
+from agentloop.domain import CandidateStatus, CandidateView, split_parts
+from agentloop.orchestrator import Policy, advance
+from agentloop.settings import Settings
+from agentloop.store import Store
+from engine.types import GenerationRequest, ScoreRequest
+from workers.residency import Residency
+
+log = logging.getLogger(__name__)
+
+
+def default_worker_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass
+class WorkerContext:
+    """What a task function needs; one per process (or per embedded run)."""
+
+    store: Store
+    dispatcher: Dispatcher
+    settings: Settings
+    residency: Residency | None = None
+    worker_name: str = ""
+
+    def __post_init__(self) -> None:
+        self.worker_name = self.worker_name or self.settings.worker_name or default_worker_name()
+
+
+def advance_goal_job(ctx: WorkerContext, goal_id: str) -> list[str]:
+    """One orchestrator step; dispatches the candidates it created. Returns their ids."""
+    policy = Policy(redispatch_after_seconds=ctx.settings.redispatch_after_seconds)
+    decision = advance(ctx.store, goal_id, policy)
+    if decision is None:
+        log.warning("advance_goal: goal %s does not exist", goal_id)
+        return []
+    if decision.dispatch and decision.model:
+        batch = max(1, ctx.settings.generation_batch)
+        for i in range(0, len(decision.dispatch), batch):
+            ctx.dispatcher.generate(decision.model, decision.dispatch[i : i + batch])
+    return decision.dispatch
+
+
+def generate_job(ctx: WorkerContext, candidate_ids: Sequence[str]) -> list[str]:
+    """Claim, generate, score and record candidates; then re-trigger the orchestrator.
+
+    Idempotent by candidate id: a candidate already claimed or finished is skipped.
+    Returns the ids this call completed.
+    """
+    s = ctx.settings
+    claimed = ctx.store.claim_candidates(candidate_ids, ctx.worker_name, s.lease_seconds, s.max_attempts)
+    completed: list[str] = []
+    if claimed:
+        try:
+            completed = _generate_and_record(ctx, claimed)
+        except Exception as exc:  # noqa: BLE001 - recorded on the candidates, then retried
+            log.exception("generation failed for %d candidates", len(claimed))
+            _release(ctx, claimed, f"{type(exc).__name__}: {exc}")
+    goal_ids = {c.goal_id for c in claimed} or {c.goal_id for c in ctx.store.get_candidates(candidate_ids)}
+    for goal_id in sorted(goal_ids):
+        ctx.dispatcher.advance_goal(goal_id)
+    return completed
+
+
+def _generate_and_record(ctx: WorkerContext, claimed: list[CandidateView]) -> list[str]:
+    residency = ctx.residency or Residency()
+    ctx.residency = residency
+    params = claimed[0].params
+    requests = [
+        GenerationRequest(
+            prompt=c.prompt, seed=c.seed, negative_prompt=c.negative_prompt,
+            width=int(c.params["width"]), height=int(c.params["height"]),
+            steps=int(c.params["steps"]), guidance=float(c.params["guidance"]),
+            model=c.params["model"],
+        )
+        for c in claimed
+    ]
+    goal = ctx.store.get_goal(claimed[0].goal_id)
+    text = goal.text if goal else claimed[0].prompt
+    with residency.lock:
+        t0 = time.perf_counter()
+        results = residency.runner(params["model"]).generate(requests)
+        t1 = time.perf_counter()
+        score_req = ScoreRequest(text=text, parts=split_parts(text))
+        scores = residency.scorer(params["scorer"]).score(
+            [r.image for r in results], [score_req] * len(results)
+        )
+        t2 = time.perf_counter()
+    done = []
+    per_score = (t2 - t1) / len(results)
+    for cand, result, score in zip(claimed, results, scores, strict=True):
+        uri = _save_png(ctx.settings.resolved_artifacts_dir(), cand, result.image)
+        timings = {**result.timings, "generate_batch_s": t1 - t0, "score_s": per_score,
+                   "batch_size": float(len(results))}
+        if ctx.store.complete_candidate(
+            cand.id, ctx.worker_name, clip_score=score.clip_score,
+            part_scores=score.part_scores, artifact_uri=uri, timings=timings,
+        ):
+            done.append(cand.id)
+    return done
+
+
+def _save_png(root: Path, cand: CandidateView, image) -> str:  # noqa: ANN001 - PIL image
+    """Write the image atomically; return its URI relative to the artifacts root."""
+    folder = root / cand.goal_id
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{cand.id}.png"
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    image.save(tmp, format="PNG")
+    os.replace(tmp, path)
+    return f"{cand.goal_id}/{cand.id}.png"
+
+
+def _release(ctx: WorkerContext, claimed: list[CandidateView], error: str) -> None:
+    retry: list[str] = []
+    for cand in claimed:
+        status = ctx.store.release_candidate(cand.id, ctx.worker_name, error, ctx.settings.max_attempts)
+        if status is CandidateStatus.QUEUED:
+            retry.append(cand.id)
+    if retry:
+        ctx.dispatcher.generate(claimed[0].params["model"], retry)
