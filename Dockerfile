@@ -1,0 +1,13 @@
+# One image for the API, the workers and the migration job.
+FROM python:3.11-slim
+WORKDIR /app
+RUN apt-get update && apt-get install -y --no-install-recommends curl && rm -rf /var/lib/apt/lists/*
+COPY pyproject.toml README.md ./
+COPY agentloop ./agentloop
+COPY workers ./workers
+COPY engine ./engine
+COPY kernels ./kernels
+COPY migrations ./migrations
+COPY models ./models
+RUN pip install --no-cache-dir -e .
+ENV AGENTLOOP_MODELS_DIR=/app/models
