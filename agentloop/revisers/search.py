@@ -14,19 +14,23 @@ from agentloop.revisers.base import Proposal, ReviserContext, derive_seed, objec
 VOCABULARY: tuple[str, ...] = (
     "clear", "simple", "bold", "solid color", "sharp edges", "high contrast", "flat", "plain",
 )
-STOPWORDS = frozenset(
-    "a an the of on in at to and with its their is are one two some very behind beside".split()
-)
+ARTICLES = frozenset("a an the one two some its their very".split())
+PREPOSITIONS = frozenset("on in at to of with behind beside under above near below over".split())
 EDIT_KINDS = ("emphasize", "add", "strengthen", "drop")
 
 
 def goal_modifiers(parts: tuple[str, ...], text: str) -> list[str]:
-    """Descriptive words of the goal: its words less stopwords and each part's final noun."""
+    """Descriptive words of the goal: in each part, the words before its noun.
+
+    The noun is taken as the last word before the first preposition ("a small red circle
+    on the left" → small, red).
+    """
     words: list[str] = []
     for phrase in parts or (text,):
         tokens = re.findall(r"[a-zA-Z][a-zA-Z-]*", phrase.lower())
-        head = tokens[-1] if tokens else ""
-        words += [t for t in tokens if t not in STOPWORDS and t != head and t not in words]
+        cut = next((i for i, t in enumerate(tokens) if t in PREPOSITIONS), len(tokens))
+        head = tokens[:cut][:-1]
+        words += [t for t in head if t not in ARTICLES and t not in words]
     return words
 
 
@@ -53,9 +57,10 @@ class SearchReviser:
         best = ranked[0]
         parents = _unique_prompts(ranked)[: max(1, min(3, ctx.n))]
         drafts: list[CandidateDraft] = []
+        kinds = sorted(EDIT_KINDS, key=lambda k: -weights[k] * (0.5 + rng.random()))
         for i in range(n_edits):
             parent = parents[i % len(parents)]
-            draft = self._edit(ctx, parent, weights, rng, used)
+            draft = self._edit(ctx, parent, kinds[i % len(kinds):] + kinds[: i % len(kinds)], rng, used)
             if draft:
                 drafts.append(draft)
         reseed_prompts = [p.prompt for p in parents for _ in range(len(parents) - parents.index(p))]
@@ -98,16 +103,17 @@ class SearchReviser:
                 for k in EDIT_KINDS}
 
     def _edit(
-        self, ctx: ReviserContext, parent: CandidateView, weights: dict[str, float],
+        self, ctx: ReviserContext, parent: CandidateView, kinds: list[str],
         rng: random.Random, used: set[tuple[str, int]],
     ) -> CandidateDraft | None:
-        options = [(k, e) for k in EDIT_KINDS for e in _edits_of(k, ctx, parent)]
-        rng.shuffle(options)
-        options.sort(key=lambda o: -weights[o[0]] * rng.random())
-        for _kind, (edit, prompt) in options:
-            if (prompt, parent.seed) not in used:
-                used.add((prompt, parent.seed))
-                return CandidateDraft(prompt, parent.seed, parent.negative_prompt, parent.id, edit)
+        """An unused edit of `parent`, trying edit kinds in the given order."""
+        for kind in kinds:
+            options = _edits_of(kind, ctx, parent)
+            rng.shuffle(options)
+            for edit, prompt in options:
+                if (prompt, parent.seed) not in used:
+                    used.add((prompt, parent.seed))
+                    return CandidateDraft(prompt, parent.seed, parent.negative_prompt, parent.id, edit)
         return None
 
 

@@ -1,0 +1,110 @@
+"""The asynchronous client: `_client.py`'s sending path, line for line, with await."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import Any, TypeVar
+
+import httpx
+
+from agentloop.sdk._base import BaseClient, Call, GoalRef, PromptLike
+from agentloop.sdk._models import Candidate, Goal, IterationAccepted
+
+T = TypeVar("T")
+
+
+class AsyncClient(BaseClient):
+    """agentloop over HTTP, for asyncio.
+
+    `transport` (an `httpx.AsyncBaseTransport`, e.g. `httpx.ASGITransport(app)`) and
+    `timeout` configure the httpx client this makes; or pass your own `http_client`
+    (an `httpx.AsyncClient`), which is then yours to close.
+    """
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        *,
+        token: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: float = 30.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+        http_client: httpx.AsyncClient | None = None,
+    ):
+        super().__init__(base_url, token=token, headers=headers, timeout=timeout)
+        if http_client is not None and transport is not None:
+            raise ValueError("pass either transport or http_client, not both")
+        self._owns_http = http_client is None
+        self._http = http_client or httpx.AsyncClient(transport=transport, timeout=timeout)
+
+    async def _request(self, call: Call[T]) -> T:
+        response = await self._http.request(
+            call.method, call.url, params=call.params, json=call.json, headers=self.headers
+        )
+        return self._answer(call, response)
+
+    async def create_goal(self, goal: str, **options: Any) -> Goal:
+        """Create a goal (options: budget, fanout, model, scorer, steps, size, reviser, ...)."""
+        return await self._request(self._create_goal(goal, options))
+
+    async def get_goal(self, goal: GoalRef) -> Goal:
+        """A goal with its iterations and best candidate."""
+        return await self._request(self._get_goal(goal))
+
+    async def list_goals(self, limit: int = 50, tenant: str | None = None) -> list[Goal]:
+        """The most recent goals, newest first."""
+        return await self._request(self._list_goals(limit, tenant))
+
+    async def candidates(self, goal: GoalRef) -> list[Candidate]:
+        """Every candidate of a goal, in iteration order."""
+        return await self._request(self._candidates(goal))
+
+    async def wait(self, goal: GoalRef, timeout: float = 600, poll: float = 0.5) -> Goal:
+        """Poll until the goal is done, failed or waiting for prompts; TimeoutError otherwise."""
+        self._check_wait(timeout, poll)
+        deadline = time.monotonic() + timeout
+        while True:
+            current = await self.get_goal(goal)
+            left = deadline - time.monotonic()
+            if self._settled(current):
+                return current
+            if left <= 0:
+                raise self._timed_out(current, timeout)
+            await asyncio.sleep(min(poll, left))
+
+    async def add_iteration(
+        self, goal: GoalRef, prompts: Sequence[PromptLike]
+    ) -> IterationAccepted:
+        """Supply the next iteration's prompts to a goal with reviser 'external'."""
+        return await self._request(self._add_iteration(goal, prompts))
+
+    async def close_goal(self, goal: GoalRef) -> Goal:
+        """End a goal that is waiting for prompts."""
+        return await self._request(self._close_goal(goal))
+
+    async def artifact(self, ref: str | Candidate) -> bytes:
+        """A candidate's image (PNG bytes), by candidate or by its `artifact_url`."""
+        return await self._request(self._artifact(ref))
+
+    async def health(self) -> dict[str, str]:
+        """The server's liveness and database check."""
+        return await self._request(self._health())
+
+    async def aclose(self) -> None:
+        """Close the HTTP connections (only those of a client this made)."""
+        if self._owns_http:
+            await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None = None,
+        exc: BaseException | None = None,
+        tb: TracebackType | None = None,
+    ) -> None:
+        await self.aclose()

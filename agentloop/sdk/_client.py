@@ -1,0 +1,107 @@
+"""The synchronous client. Only the sending path lives here; `_async.py` repeats it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import Any, TypeVar
+
+import httpx
+
+from agentloop.sdk._base import BaseClient, Call, GoalRef, PromptLike
+from agentloop.sdk._models import Candidate, Goal, IterationAccepted
+
+T = TypeVar("T")
+
+
+class Client(BaseClient):
+    """agentloop over HTTP, blocking.
+
+    `transport` (an `httpx.BaseTransport`) and `timeout` configure the httpx client this
+    makes; or pass your own `http_client` (anything with httpx's `request()`, e.g. Starlette's
+    `TestClient`), which is then yours to close.
+    """
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        *,
+        token: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+        http_client: httpx.Client | None = None,
+    ):
+        super().__init__(base_url, token=token, headers=headers, timeout=timeout)
+        if http_client is not None and transport is not None:
+            raise ValueError("pass either transport or http_client, not both")
+        self._owns_http = http_client is None
+        self._http = http_client or httpx.Client(transport=transport, timeout=timeout)
+
+    def _request(self, call: Call[T]) -> T:
+        response = self._http.request(
+            call.method, call.url, params=call.params, json=call.json, headers=self.headers
+        )
+        return self._answer(call, response)
+
+    def create_goal(self, goal: str, **options: Any) -> Goal:
+        """Create a goal (options: budget, fanout, model, scorer, steps, size, reviser, ...)."""
+        return self._request(self._create_goal(goal, options))
+
+    def get_goal(self, goal: GoalRef) -> Goal:
+        """A goal with its iterations and best candidate."""
+        return self._request(self._get_goal(goal))
+
+    def list_goals(self, limit: int = 50, tenant: str | None = None) -> list[Goal]:
+        """The most recent goals, newest first."""
+        return self._request(self._list_goals(limit, tenant))
+
+    def candidates(self, goal: GoalRef) -> list[Candidate]:
+        """Every candidate of a goal, in iteration order."""
+        return self._request(self._candidates(goal))
+
+    def wait(self, goal: GoalRef, timeout: float = 600, poll: float = 0.5) -> Goal:
+        """Poll until the goal is done, failed or waiting for prompts; TimeoutError otherwise."""
+        self._check_wait(timeout, poll)
+        deadline = time.monotonic() + timeout
+        while True:
+            current = self.get_goal(goal)
+            left = deadline - time.monotonic()
+            if self._settled(current):
+                return current
+            if left <= 0:
+                raise self._timed_out(current, timeout)
+            time.sleep(min(poll, left))
+
+    def add_iteration(self, goal: GoalRef, prompts: Sequence[PromptLike]) -> IterationAccepted:
+        """Supply the next iteration's prompts to a goal with reviser 'external'."""
+        return self._request(self._add_iteration(goal, prompts))
+
+    def close_goal(self, goal: GoalRef) -> Goal:
+        """End a goal that is waiting for prompts."""
+        return self._request(self._close_goal(goal))
+
+    def artifact(self, ref: str | Candidate) -> bytes:
+        """A candidate's image (PNG bytes), by candidate or by its `artifact_url`."""
+        return self._request(self._artifact(ref))
+
+    def health(self) -> dict[str, str]:
+        """The server's liveness and database check."""
+        return self._request(self._health())
+
+    def close(self) -> None:
+        """Close the HTTP connections (only those of a client this made)."""
+        if self._owns_http:
+            self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None = None,
+        exc: BaseException | None = None,
+        tb: TracebackType | None = None,
+    ) -> None:
+        self.close()
