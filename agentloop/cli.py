@@ -106,7 +106,7 @@ def _follow(store, goal_id: str, runtime, quiet: bool):  # noqa: ANN001,ANN202
     from rich.live import Live
 
     start = time.monotonic()
-    with Live(console=err, refresh_per_second=4, transient=False) as live:
+    with Live(console=err, refresh_per_second=4, transient=False, redirect_stderr=False) as live:
         while True:
             state = store.get_state(goal_id)
             goal = state.goal

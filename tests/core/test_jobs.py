@@ -1,0 +1,97 @@
+"""The real task functions (as Celery and the embedded runtime run them) on redelivery and retry."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentloop.domain import CandidateStatus, GoalStatus
+from agentloop.store import Store
+from tests.core.helpers import make_goal
+from workers.jobs import WorkerContext, advance_goal_job, generate_job
+from workers.residency import Residency
+
+pytestmark = pytest.mark.slow
+
+
+class RecordingDispatcher:
+    """Records dispatches instead of sending them, so the test decides what gets delivered
+    and how often (standing in for the broker's at-least-once delivery)."""
+
+    def __init__(self) -> None:
+        self.advances: list[str] = []
+        self.generations: list[list[str]] = []
+
+    def advance_goal(self, goal_id: str) -> None:
+        self.advances.append(goal_id)
+
+    def generate(self, model: str, candidate_ids: list[str]) -> None:
+        self.generations.append(list(candidate_ids))
+
+
+class FailingOnce(Residency):
+    """Fault injection: the first generation raises as a GPU error would; later ones run the real engine."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed = False
+
+    def runner(self, model: str):  # noqa: ANN201
+        real = super().runner(model)
+        if self.failed:
+            return real
+        self.failed = True
+
+        class Boom:
+            def generate(self, requests):  # noqa: ANN001,ANN202
+                raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+        return Boom()
+
+
+@pytest.fixture(scope="module")
+def residency() -> Residency:
+    return Residency()
+
+
+def ctx_for(db_url: str, settings, residency: Residency) -> WorkerContext:  # noqa: ANN001
+    return WorkerContext(store=Store(db_url), dispatcher=RecordingDispatcher(), settings=settings,
+                         residency=residency, worker_name="w1")
+
+
+def test_every_task_delivered_twice_changes_nothing(db_url: str, settings, residency: Residency) -> None:  # noqa: ANN001
+    ctx = ctx_for(db_url, settings, residency)
+    goal_id = make_goal(ctx.store, settings, budget=6, fanout=3, steps=2)
+    for _ in range(20):
+        if ctx.store.get_goal(goal_id).status.terminal:
+            break
+        for _ in range(2):  # the control task, delivered twice
+            advance_goal_job(ctx, goal_id)
+        batches, ctx.dispatcher.generations = ctx.dispatcher.generations, []
+        for ids in batches:
+            first = generate_job(ctx, ids)
+            again = generate_job(ctx, ids)  # redelivered after it ran
+            assert len(first) == len(ids) and again == []
+    goal = ctx.store.get_goal(goal_id)
+    cands = ctx.store.list_candidates(goal_id)
+    assert goal.status is GoalStatus.DONE and goal.generations_reserved == 6 == len(cands)
+    assert all(c.status is CandidateStatus.SUCCEEDED and c.attempts == 1 for c in cands)
+
+
+def test_a_failed_generation_is_retried_without_spending_budget(
+    db_url: str, settings, residency: Residency  # noqa: ANN001
+) -> None:
+    ctx = ctx_for(db_url, settings, FailingOnce())
+    goal_id = make_goal(ctx.store, settings, budget=2, fanout=2, steps=2, max_iterations=1)
+    advance_goal_job(ctx, goal_id)
+    [ids] = ctx.dispatcher.generations
+    assert generate_job(ctx, ids) == []  # the injected failure
+    cands = ctx.store.list_candidates(goal_id)
+    assert {c.status for c in cands} == {CandidateStatus.QUEUED}
+    assert all("illegal memory access" in c.error for c in cands)
+    assert ctx.dispatcher.generations[-1] == ids  # re-dispatched for a retry
+    assert sorted(generate_job(ctx, ids)) == sorted(ids)
+    advance_goal_job(ctx, goal_id)
+    goal = ctx.store.get_goal(goal_id)
+    assert goal.status is GoalStatus.DONE and goal.generations_reserved == 2
+    assert all(c.attempts == 2 and c.status is CandidateStatus.SUCCEEDED
+               for c in ctx.store.list_candidates(goal_id))
