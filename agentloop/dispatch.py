@@ -30,6 +30,15 @@ class Dispatcher(Protocol):
     def generate(self, model: str, candidate_ids: list[str]) -> None: ...
 
 
+def dispatch_generation(
+    dispatcher: Dispatcher, model: str, candidate_ids: list[str], batch: int
+) -> None:
+    """Send candidates to generation in tasks of at most `batch` (each runs as one batch)."""
+    step = max(1, batch)
+    for i in range(0, len(candidate_ids), step):
+        dispatcher.generate(model, candidate_ids[i : i + step])
+
+
 class InProcessDispatcher:
     """Runs task functions in this process: one control thread, `gen_threads` generation threads.
 

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from agentloop.dispatch import Dispatcher
+from agentloop.dispatch import Dispatcher, dispatch_generation
 from agentloop.domain import CandidateStatus, CandidateView, split_parts
 from agentloop.orchestrator import Policy, advance
 from agentloop.settings import Settings
@@ -47,9 +47,7 @@ def advance_goal_job(ctx: WorkerContext, goal_id: str) -> list[str]:
         log.warning("advance_goal: goal %s does not exist", goal_id)
         return []
     if decision.dispatch and decision.model:
-        batch = max(1, ctx.settings.generation_batch)
-        for i in range(0, len(decision.dispatch), batch):
-            ctx.dispatcher.generate(decision.model, decision.dispatch[i : i + batch])
+        dispatch_generation(ctx.dispatcher, decision.model, decision.dispatch, ctx.settings.generation_batch)
     return decision.dispatch
 
 

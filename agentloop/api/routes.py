@@ -15,6 +15,7 @@ from agentloop.api.schemas import (
     IterationAccepted,
     IterationIn,
 )
+from agentloop.dispatch import dispatch_generation
 from agentloop.domain import CandidateDraft, GoalInvalid, GoalRequest, check_goal
 from agentloop.orchestrator import IterationRejected, close_goal, submit_iteration
 from agentloop.revisers import derive_seed
@@ -67,7 +68,8 @@ def list_candidates(goal_id: str, store: StoreDep) -> list[CandidateOut]:
     response_model=IterationAccepted,
 )
 def add_iteration(
-    goal_id: str, body: IterationIn, store: StoreDep, dispatcher: DispatcherDep
+    goal_id: str, body: IterationIn, store: StoreDep, dispatcher: DispatcherDep,
+    settings: SettingsDep,
 ) -> IterationAccepted:
     """Supply the next iteration's prompts (goals with reviser 'external')."""
     goal = _goal_or_404(store, goal_id)
@@ -87,7 +89,7 @@ def add_iteration(
     except IterationRejected as exc:
         raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None
     assert decision is not None and decision.model is not None
-    dispatcher.generate(decision.model, decision.dispatch)
+    dispatch_generation(dispatcher, decision.model, decision.dispatch, settings.generation_batch)
     index = len(goal.iterations)
     return IterationAccepted(goal_id=goal_id, iteration=index, candidate_ids=decision.dispatch)
 
