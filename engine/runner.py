@@ -1,0 +1,216 @@
+"""The batched runner: turns GenerationRequests into GenerationResults on one warm pipeline.
+
+Requests that share a ``batch_key()`` run together, up to ``EngineConfig.max_batch`` at a time.
+Each request gets its own ``torch.Generator`` seeded with its seed (drawn on the CPU), so an
+image depends only on its own request, never on its batch neighbours or on the device.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from diffusers import DiffusionPipeline, FluxPipeline, StableDiffusionPipeline
+
+from engine.config import EngineConfig
+from engine.loading import load_pipeline
+from engine.types import GenerationRequest, GenerationResult
+
+TEXT_CACHE_SIZE = 4096
+"""Most texts whose embeddings the runner keeps (least recently used are dropped)."""
+
+
+@dataclass(frozen=True)
+class _TextEmbedding:
+    """One text's encoder outputs, batch dimension 1."""
+
+    hidden: torch.Tensor
+    pooled: torch.Tensor | None = None
+
+
+class Runner:
+    """One model kept warm; generates batches of requests for it."""
+
+    def __init__(
+        self, model: str, config: EngineConfig = EngineConfig(), extra_models: Iterable[str] = ()
+    ) -> None:
+        """Load ``model`` (a catalog name) and install the kernels the config asks for."""
+        self.model = model
+        self.config = config
+        start = time.perf_counter()
+        self.pipe: DiffusionPipeline = load_pipeline(model, config, extra_models)
+        self.load_seconds = time.perf_counter() - start
+        self._unbilled_load = self.load_seconds
+        self._text_cache: OrderedDict[str, _TextEmbedding] = OrderedDict()
+        self.text_cache_hits = 0
+        self.text_cache_misses = 0
+        self.installed_kernels: dict[str, int] = {}
+        """What ``kernels.install`` patched, by kind (empty when no kernel switch is on)."""
+        self._install_kernels()
+
+    @property
+    def denoiser(self) -> torch.nn.Module:
+        """The pipeline's denoising network (``transformer`` or ``unet``)."""
+        net = getattr(self.pipe, "transformer", None) or getattr(self.pipe, "unet", None)
+        if net is None:
+            raise TypeError(f"{type(self.pipe).__name__} has neither a transformer nor a unet")
+        return net
+
+    @property
+    def size_multiple(self) -> int:
+        """Width and height must be multiples of this (VAE factor, times 2 for Flux packing)."""
+        factor = int(getattr(self.pipe, "vae_scale_factor", 8))
+        if isinstance(self.pipe, FluxPipeline):
+            factor *= 2
+        return math.lcm(8, factor)
+
+    def _install_kernels(self) -> None:
+        c = self.config
+        if not (c.fused_adaln or c.fused_activations or c.int8_attention):
+            return
+        import kernels  # lazily: only an optimized config needs it
+
+        install = getattr(kernels, "install", None)
+        if install is None:
+            raise RuntimeError("EngineConfig asks for fused kernels but kernels.install is missing")
+        counts = install(
+            self.denoiser,
+            fused_adaln=c.fused_adaln,
+            fused_activations=c.fused_activations,
+            int8_attention=c.int8_attention,
+        )
+        self.installed_kernels = dict(counts or {})
+
+    def validate(self, request: GenerationRequest) -> None:
+        """Raise ValueError if this runner cannot serve ``request``."""
+        m = self.size_multiple
+        problems = []
+        if request.model != self.model:
+            problems.append(f"model {request.model!r} but this runner serves {self.model!r}")
+        for side in ("width", "height"):
+            value = getattr(request, side)
+            if value < m or value % m:
+                problems.append(f"{side} {value} is not a positive multiple of {m}")
+        if request.steps < 1:
+            problems.append(f"steps {request.steps} < 1")
+        if not (0 <= request.seed < 2**64):
+            problems.append(f"seed {request.seed} outside [0, 2**64)")
+        if not math.isfinite(request.guidance) or request.guidance < 0:
+            problems.append(f"guidance {request.guidance} is not a finite number >= 0")
+        if problems:
+            raise ValueError(f"invalid request {request.prompt!r}: " + "; ".join(problems))
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        """Generate one image per request; results come back in request order."""
+        for request in requests:
+            self.validate(request)
+        results: list[GenerationResult | None] = [None] * len(requests)
+        load_share = self._unbilled_load / max(len(requests), 1)
+        self._unbilled_load = 0.0 if requests else self._unbilled_load
+        for batch in self._batches(requests):
+            for i, result in zip(batch, self._run_batch([requests[i] for i in batch]), strict=True):
+                result.timings["load_s"] = load_share
+                results[i] = result
+        return [r for r in results if r is not None]
+
+    def _batches(self, requests: Sequence[GenerationRequest]) -> list[list[int]]:
+        """Indices grouped by batch key (first-seen order), cut to at most max_batch."""
+        size = max(self.config.max_batch, 1) if self.config.batching else 1
+        groups: dict[tuple[Any, ...], list[int]] = {}
+        for i, request in enumerate(requests):
+            groups.setdefault(request.batch_key(), []).append(i)
+        return [idx[s : s + size] for idx in groups.values() for s in range(0, len(idx), size)]
+
+    def _run_batch(self, batch: list[GenerationRequest]) -> list[GenerationResult]:
+        """One pipeline call for requests that share a batch key."""
+        first = batch[0]
+        generators = [torch.Generator("cpu").manual_seed(r.seed) for r in batch]
+        start = time.perf_counter()
+        text_kwargs = self._text_kwargs(batch)
+        encode_s = time.perf_counter() - start
+        kwargs = self._call_kwargs(first) | text_kwargs
+        start = time.perf_counter()
+        images = self.pipe(
+            height=first.height,
+            width=first.width,
+            num_inference_steps=first.steps,
+            generator=generators,
+            output_type="pil",
+            **kwargs,
+        ).images
+        denoise_s = time.perf_counter() - start
+        n = len(batch)
+        timings = {"encode_s": encode_s / n, "denoise_s": denoise_s / n, "batch_size": float(n)}
+        return [
+            GenerationResult(r, img, dict(timings)) for r, img in zip(batch, images, strict=True)
+        ]
+
+    def _call_kwargs(self, request: GenerationRequest) -> dict[str, Any]:
+        """Guidance arguments: Flux without guidance embedding uses true CFG with the negative."""
+        if isinstance(self.pipe, FluxPipeline):
+            kwargs: dict[str, Any] = {"max_sequence_length": self._flux_max_sequence_length()}
+            if self.pipe.transformer.config.guidance_embeds:
+                kwargs["guidance_scale"] = request.guidance
+            else:
+                kwargs["true_cfg_scale"] = request.guidance
+            return kwargs
+        return {"guidance_scale": request.guidance}
+
+    def _flux_max_sequence_length(self) -> int:
+        return min(512, int(self.pipe.tokenizer_2.model_max_length))
+
+    def _text_kwargs(self, batch: list[GenerationRequest]) -> dict[str, Any]:
+        """Prompts as text, or as cached embeddings when the text-embedding cache is on."""
+        cfg = batch[0].guidance > 1.0  # guidance 1: the pipeline skips the negative branch
+        cacheable = isinstance(self.pipe, FluxPipeline | StableDiffusionPipeline)
+        if not (self.config.text_embedding_cache and cacheable):
+            kwargs: dict[str, Any] = {"prompt": [r.prompt for r in batch]}
+            if cfg:
+                kwargs["negative_prompt"] = [r.negative_prompt for r in batch]
+            return kwargs
+        positive = [self._embed(r.prompt) for r in batch]
+        kwargs = self._embedding_kwargs("", positive)
+        if cfg:
+            negative = [self._embed(r.negative_prompt) for r in batch]
+            kwargs |= self._embedding_kwargs("negative_", negative)
+        return kwargs
+
+    @staticmethod
+    def _embedding_kwargs(prefix: str, embeddings: list[_TextEmbedding]) -> dict[str, Any]:
+        kwargs = {f"{prefix}prompt_embeds": torch.cat([e.hidden for e in embeddings])}
+        pooled = [e.pooled for e in embeddings if e.pooled is not None]
+        if pooled:
+            kwargs[f"{prefix}pooled_prompt_embeds"] = torch.cat(pooled)
+        return kwargs
+
+    def _embed(self, text: str) -> _TextEmbedding:
+        """One text's embeddings, from the cache or the pipeline's own ``encode_prompt``."""
+        cached = self._text_cache.get(text)
+        if cached is not None:
+            self._text_cache.move_to_end(text)
+            self.text_cache_hits += 1
+            return cached
+        self.text_cache_misses += 1
+        device = self.pipe._execution_device
+        with torch.no_grad():
+            if isinstance(self.pipe, FluxPipeline):
+                hidden, pooled, _ = self.pipe.encode_prompt(
+                    prompt=text,
+                    prompt_2=None,
+                    device=device,
+                    num_images_per_prompt=1,
+                    max_sequence_length=self._flux_max_sequence_length(),
+                )
+                embedding = _TextEmbedding(hidden, pooled)
+            else:
+                hidden, _ = self.pipe.encode_prompt(text, device, 1, False)
+                embedding = _TextEmbedding(hidden)
+        self._text_cache[text] = embedding
+        if len(self._text_cache) > TEXT_CACHE_SIZE:
+            self._text_cache.popitem(last=False)
+        return embedding
