@@ -82,8 +82,8 @@ class BaseClient:
 
     def _goal_url(self, goal: GoalRef, suffix: str = "") -> str:
         goal_id = goal.id if isinstance(goal, Goal) else goal
-        # Quoted whole, so an id can never reach another route ("../", "?", "/").
-        return self._url(f"/v1/goals/{quote(goal_id, safe='')}{suffix}")
+        # Quoted whole, dots included, so an id can never reach another route ("..", "/", "?").
+        return self._url(f"/v1/goals/{quote(goal_id, safe='').replace('.', '%2E')}{suffix}")
 
     def _create_goal(self, goal: str, options: Mapping[str, Any]) -> Call[Goal]:
         return Call("POST", self._url("/v1/goals"), _model(Goal), json={"goal": goal, **options})
