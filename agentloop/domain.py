@@ -6,11 +6,12 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from agentloop.settings import Settings
+if TYPE_CHECKING:
+    from agentloop.settings import Settings
 
 
 class GoalStatus(StrEnum):
@@ -35,6 +36,7 @@ class StopReason(StrEnum):
     MAX_ITERATIONS = "max_iterations"
     NO_IMPROVEMENT = "no_improvement"
     GENERATION_FAILED = "generation_failed"
+    DISPATCH_FAILED = "dispatch_failed"
     CLOSED_BY_CALLER = "closed_by_caller"
 
 
@@ -74,7 +76,7 @@ class GoalInvalid(ValueError):
 class GoalRequest(BaseModel):
     """What a caller may ask for. Unset fields take the model's or the settings' defaults."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     goal: str
     budget: int = 16

@@ -155,3 +155,15 @@ def close_goal(store: Store, goal_id: str) -> Decision | None:
         return Decision(goal_status=GoalStatus.DONE, stop_reason=StopReason.CLOSED_BY_CALLER.value)
 
     return store.decide(goal_id, decide)
+
+
+def fail_goal(store: Store, goal_id: str, error: str) -> Decision | None:
+    """Mark a goal that has not finished as failed (e.g. its first task could not be sent)."""
+
+    def decide(state: GoalState) -> Decision:
+        if state.goal.status.terminal:
+            return Decision()
+        return Decision(goal_status=GoalStatus.FAILED, stop_reason=StopReason.DISPATCH_FAILED.value,
+                        error=error)
+
+    return store.decide(goal_id, decide)

@@ -165,7 +165,16 @@ def _resolve_open_clip(name: str) -> ScorerSpec | None:
     looks_like_path = os.sep in pretrained or pretrained.endswith((".safetensors", ".bin", ".pt"))
     if looks_like_path and not path.is_file():
         return None
+    if not looks_like_path and pretrained not in _pretrained_tags(model_name):
+        return None
     return ScorerSpec(name, model_name, str(path) if looks_like_path else pretrained)
+
+
+def _pretrained_tags(model_name: str) -> set[str]:
+    """open_clip's published weight tags for a model (imports open_clip, so only when asked)."""
+    import open_clip
+
+    return set(open_clip.list_pretrained_tags_by_model(model_name))
 
 
 def resolve_scorer(name: str) -> ScorerSpec | None:

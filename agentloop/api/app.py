@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi.responses import JSONResponse
 
 from agentloop.api.routes import router
 from agentloop.dispatch import Dispatcher
@@ -62,9 +63,12 @@ def create_app(
     app.include_router(router)
 
     @app.get("/healthz")
-    def healthz() -> dict[str, str]:
-        """Liveness and database reachability."""
-        app.state.store.ping()
-        return {"status": "ok"}
+    def healthz() -> JSONResponse:
+        """Liveness and database reachability (503 when the database does not answer)."""
+        try:
+            app.state.store.ping()
+        except Exception as exc:  # noqa: BLE001 - any database failure means unhealthy
+            return JSONResponse({"status": "unavailable", "detail": str(exc)[:200]}, status_code=503)
+        return JSONResponse({"status": "ok"})
 
     return app

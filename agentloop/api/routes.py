@@ -17,7 +17,7 @@ from agentloop.api.schemas import (
 )
 from agentloop.dispatch import dispatch_generation
 from agentloop.domain import CandidateDraft, GoalInvalid, GoalRequest, check_goal
-from agentloop.orchestrator import IterationRejected, close_goal, submit_iteration
+from agentloop.orchestrator import IterationRejected, close_goal, fail_goal, submit_iteration
 from agentloop.revisers import derive_seed
 
 router = APIRouter(prefix="/v1")
@@ -40,7 +40,13 @@ def create_goal(body: GoalRequest, store: StoreDep, dispatcher: DispatcherDep, s
             [{"loc": ("body", f), "msg": m, "type": "value_error"} for f, m in exc.errors]
         ) from None
     goal = store.create_goal(spec)
-    dispatcher.advance_goal(goal.id)
+    try:
+        dispatcher.advance_goal(goal.id)
+    except Exception as exc:  # noqa: BLE001 - the broker is down: fail the goal, say so
+        fail_goal(store, goal.id, f"could not dispatch: {type(exc).__name__}: {exc}")
+        raise HTTPException(
+            status.HTTP_503_SERVICE_UNAVAILABLE, "the task broker is unavailable; goal marked failed"
+        ) from None
     return GoalOut.of(goal)
 
 
