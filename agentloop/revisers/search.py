@@ -16,7 +16,7 @@ VOCABULARY: tuple[str, ...] = (
 )
 ARTICLES = frozenset("a an the one two some its their very".split())
 PREPOSITIONS = frozenset("on in at to of with behind beside under above near below over".split())
-EDIT_KINDS = ("emphasize", "add", "strengthen", "drop")
+EDIT_KINDS = ("emphasize", "reorder", "add", "strengthen", "drop")
 
 
 def goal_modifiers(parts: tuple[str, ...], text: str) -> list[str]:
@@ -134,6 +134,9 @@ def _edits_of(kind: str, ctx: ReviserContext, parent: CandidateView) -> list[tup
         weakest = min(ctx.parts, key=lambda p: parent.part_scores.get(p, 0.0))
         rest = [p for p in ctx.parts if p != weakest]
         return [(f"emphasize:{weakest}", " and ".join([weakest, *rest]))]
+    if kind == "reorder":
+        moved = _front_prepositional(prompt)
+        return [("reorder", moved)] if moved and moved != prompt else []
     if kind == "add":
         words = [w for w in (*goal_modifiers(ctx.parts, ctx.spec.goal), *VOCABULARY)
                  if f", {w}" not in prompt]
@@ -151,3 +154,21 @@ def _edits_of(kind: str, ctx: ReviserContext, parent: CandidateView) -> list[tup
                 for w in re.findall(r"very (\w+)", prompt)]
         return out
     return []
+
+
+def _front_prepositional(prompt: str) -> str | None:
+    """Move each part's trailing prepositional phrase to its front.
+
+    "a small red circle on the left" → "on the left, a small red circle". Same meaning, other
+    word order: a cheap way to shake a text encoder's reading of the prompt.
+    """
+    out = []
+    for part in re.split(r"\s+and\s+", prompt):
+        words = part.split()
+        cut = next((i for i, w in enumerate(words) if w.lower() in PREPOSITIONS and i > 0), None)
+        if cut is None:
+            out.append(part)
+            continue
+        out.append(f"{' '.join(words[cut:])}, {' '.join(words[:cut])}".replace(",,", ","))
+    moved = " and ".join(out)
+    return moved if moved != prompt else None

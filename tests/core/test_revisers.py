@@ -87,3 +87,10 @@ def test_edit_kinds_that_helped_are_preferred() -> None:
 def test_goal_modifiers_and_registry() -> None:
     assert goal_modifiers((), "a small red circle on the left") == ["small", "red"]
     assert get_reviser("external").propose(ctx(spec(reviser="external"), [])).candidates == []
+
+
+def test_reorder_moves_the_prepositional_phrase_to_the_front() -> None:
+    from agentloop.revisers.search import _front_prepositional
+
+    assert _front_prepositional("a small red circle on the left") == "on the left, a small red circle"
+    assert _front_prepositional("a red circle") is None
