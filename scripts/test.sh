@@ -16,4 +16,9 @@ if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
   for _ in $(seq 30); do redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 && break; sleep 1; done
 fi
 
+# Without a GPU, Triton kernels run under its interpreter (set before anything imports triton).
+if ! nvidia-smi -L >/dev/null 2>&1; then
+  export TRITON_INTERPRET="${TRITON_INTERPRET:-1}"
+fi
+
 exec .venv/bin/python -m pytest "$@"
