@@ -12,7 +12,7 @@ import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Protocol
+from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
 
@@ -49,16 +49,14 @@ class InProcessDispatcher:
     def __init__(self, gen_threads: int = 1):
         self._control = ThreadPoolExecutor(1, thread_name_prefix="agentloop-control")
         self._gen = ThreadPoolExecutor(gen_threads, thread_name_prefix="agentloop-gen")
-        self._advance: Callable[[str], None] | None = None
-        self._generate: Callable[[list[str]], None] | None = None
+        self._advance: Callable[[str], Any] | None = None
+        self._generate: Callable[[list[str]], Any] | None = None
         self._lock = threading.Lock()
         self._pending: set[Future[None]] = set()
         self._closed = False
         self.errors: list[BaseException] = []
 
-    def bind(
-        self, advance: Callable[[str], None], generate: Callable[[list[str]], None]
-    ) -> None:
+    def bind(self, advance: Callable[[str], Any], generate: Callable[[list[str]], Any]) -> None:
         """Set the task functions that the two kinds of task run."""
         self._advance, self._generate = advance, generate
 
@@ -70,7 +68,7 @@ class InProcessDispatcher:
         assert self._generate is not None, "bind() the task functions first"
         self._submit(self._gen, self._generate, list(candidate_ids))
 
-    def _submit(self, pool: ThreadPoolExecutor, fn: Callable[[object], None], arg: object) -> None:
+    def _submit(self, pool: ThreadPoolExecutor, fn: Callable[[Any], Any], arg: object) -> None:
         with self._lock:
             if self._closed:
                 return
@@ -78,7 +76,7 @@ class InProcessDispatcher:
             self._pending.add(future)
         future.add_done_callback(self._done)
 
-    def _run(self, fn: Callable[[object], None], arg: object) -> None:
+    def _run(self, fn: Callable[[Any], Any], arg: object) -> None:
         try:
             fn(arg)
         except BaseException as exc:  # noqa: BLE001 - kept for the waiting caller

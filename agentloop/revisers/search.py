@@ -50,8 +50,8 @@ class SearchReviser:
         used = {(c.prompt, c.seed) for c in ctx.history}
         ranked = ctx.scored()
         if not ranked:
-            drafts = self._reseeds(ctx, [ctx.spec.goal], ctx.n, used, parent=None)
-            return Proposal(drafts, {"strategy": "seeds", "reason": "no scored candidates yet"})
+            first = self._reseeds(ctx, [ctx.spec.goal], ctx.n, used, parent=None)
+            return Proposal(first, {"strategy": "seeds", "reason": "no scored candidates yet"})
         weights = self._edit_weights(ctx)
         n_edits = ctx.n // 2
         best = ranked[0]
@@ -77,7 +77,7 @@ class SearchReviser:
         self, ctx: ReviserContext, prompts: list[str], n: int, used: set[tuple[str, int]],
         parent: CandidateView | None,
     ) -> list[CandidateDraft]:
-        drafts = []
+        drafts: list[CandidateDraft] = []
         salt = 0
         while len(drafts) < n:
             prompt = prompts[len(drafts) % len(prompts)]

@@ -60,7 +60,12 @@ class DetectedObject:
 
     def attributes(self) -> dict[str, str]:
         """The object's attributes as a dict with keys color, shape, size, position."""
-        return {"color": self.color, "shape": self.shape, "size": self.size, "position": self.position}
+        return {
+            "color": self.color,
+            "shape": self.shape,
+            "size": self.size,
+            "position": self.position,
+        }
 
 
 @dataclass
@@ -188,8 +193,18 @@ def _measure(comp: np.ndarray, arr: np.ndarray, bg: np.ndarray, dist: np.ndarray
     shape = max(scores, key=scores.__getitem__)
     position = world.POSITION_NAMES[int(np.argmin(((_ANCHORS - [cx, cy]) ** 2).sum(1)))]
     size = "small" if extent < world.SIZE_THRESHOLD else "large"
-    return DetectedObject(color, shape, size, position, cx, cy, extent, float(coverage.sum()),
-                          (float(rgb[0]), float(rgb[1]), float(rgb[2])), scores)
+    return DetectedObject(
+        color,
+        shape,
+        size,
+        position,
+        cx,
+        cy,
+        extent,
+        float(coverage.sum()),
+        (float(rgb[0]), float(rgb[1]), float(rgb[2])),
+        scores,
+    )
 
 
 def detect(image: Image.Image | np.ndarray) -> list[DetectedObject]:
@@ -228,7 +243,9 @@ def check(image: Image.Image | np.ndarray, requested: Sequence[dict[str, str]]) 
         score = sum(sum(f.values()) for f in flags)
         if score > best_score:
             best, best_score = flags, score
-    return CheckResult(objects=best or [], detected=detected, count_ok=len(detected) == len(requested))
+    return CheckResult(
+        objects=best or [], detected=detected, count_ok=len(detected) == len(requested)
+    )
 
 
 def accuracy(
@@ -265,11 +282,19 @@ for _s, _ws in world.SHAPE_WORDS.items():
 for _z, _ws in world.SIZE_WORDS.items():
     for _w in _ws:
         _WORDS[_w] = ("size", _z)
-_WORDS.update({
-    "left": ("position", "left"), "right": ("position", "right"), "top": ("position", "top"),
-    "upper": ("position", "top"), "bottom": ("position", "bottom"), "lower": ("position", "bottom"),
-    "center": ("position", "center"), "centre": ("position", "center"), "middle": ("position", "center"),
-})
+_WORDS.update(
+    {
+        "left": ("position", "left"),
+        "right": ("position", "right"),
+        "top": ("position", "top"),
+        "upper": ("position", "top"),
+        "bottom": ("position", "bottom"),
+        "lower": ("position", "bottom"),
+        "center": ("position", "center"),
+        "centre": ("position", "center"),
+        "middle": ("position", "center"),
+    }
+)
 
 
 def parse_goal(text: str) -> list[dict[str, str]]:

@@ -48,12 +48,19 @@ def build_tokenizer(max_length: int = TEXT_LENGTH) -> PreTrainedTokenizerFast:
     tok.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase()])
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.post_processor = processors.TemplateProcessing(
-        single=f"{BOS} $A {EOS}", pair=f"{BOS} $A {EOS} $B {EOS}",
+        single=f"{BOS} $A {EOS}",
+        pair=f"{BOS} $A {EOS} $B {EOS}",
         special_tokens=[(BOS, vocab[BOS]), (EOS, vocab[EOS])],
     )
     return PreTrainedTokenizerFast(
-        tokenizer_object=tok, model_max_length=max_length, pad_token=PAD, unk_token=UNK,
-        bos_token=BOS, eos_token=EOS, padding_side="right", truncation_side="right",
+        tokenizer_object=tok,
+        model_max_length=max_length,
+        pad_token=PAD,
+        unk_token=UNK,
+        bos_token=BOS,
+        eos_token=EOS,
+        padding_side="right",
+        truncation_side="right",
     )
 
 
@@ -61,17 +68,35 @@ def build_text_encoders(vocab_size: int) -> tuple[CLIPTextModel, T5EncoderModel]
     """Random-initialized CLIPTextModel (pooled at ``</s>``) and T5EncoderModel, width 64."""
     clip = CLIPTextModel(
         CLIPTextConfig(
-            vocab_size=vocab_size, hidden_size=TEXT_WIDTH, intermediate_size=4 * TEXT_WIDTH,
-            num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=TEXT_LENGTH,
-            projection_dim=TEXT_WIDTH, pad_token_id=0, bos_token_id=2, eos_token_id=3,
+            vocab_size=vocab_size,
+            hidden_size=TEXT_WIDTH,
+            intermediate_size=4 * TEXT_WIDTH,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            max_position_embeddings=TEXT_LENGTH,
+            projection_dim=TEXT_WIDTH,
+            pad_token_id=0,
+            bos_token_id=2,
+            eos_token_id=3,
         )
     )
     t5 = T5EncoderModel(
         T5Config(
-            vocab_size=vocab_size, d_model=TEXT_WIDTH, d_kv=16, d_ff=4 * TEXT_WIDTH, num_layers=2,
-            num_heads=4, relative_attention_num_buckets=16, relative_attention_max_distance=64,
-            feed_forward_proj="gated-gelu", dropout_rate=0.0, pad_token_id=0, eos_token_id=3,
-            decoder_start_token_id=0, is_encoder_decoder=False, use_cache=False,
+            vocab_size=vocab_size,
+            d_model=TEXT_WIDTH,
+            d_kv=16,
+            d_ff=4 * TEXT_WIDTH,
+            num_layers=2,
+            num_heads=4,
+            relative_attention_num_buckets=16,
+            relative_attention_max_distance=64,
+            feed_forward_proj="gated-gelu",
+            dropout_rate=0.0,
+            pad_token_id=0,
+            eos_token_id=3,
+            decoder_start_token_id=0,
+            is_encoder_decoder=False,
+            use_cache=False,
         )
     )
     return clip, t5
@@ -80,27 +105,42 @@ def build_text_encoders(vocab_size: int) -> tuple[CLIPTextModel, T5EncoderModel]
 def build_vae() -> AutoencoderKL:
     """AutoencoderKL with 2x downsampling: 3x32x32 images to 4x16x16 latents."""
     return AutoencoderKL(
-        in_channels=3, out_channels=3,
+        in_channels=3,
+        out_channels=3,
         down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
         up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"),
-        block_out_channels=(32, 64), layers_per_block=1, latent_channels=LATENT_CHANNELS,
-        norm_num_groups=16, sample_size=world.IMAGE_SIZE, mid_block_add_attention=False,
-        scaling_factor=1.0, shift_factor=0.0,
+        block_out_channels=(32, 64),
+        layers_per_block=1,
+        latent_channels=LATENT_CHANNELS,
+        norm_num_groups=16,
+        sample_size=world.IMAGE_SIZE,
+        mid_block_add_attention=False,
+        scaling_factor=1.0,
+        shift_factor=0.0,
     )
 
 
 def build_transformer() -> FluxTransformer2DModel:
     """FluxTransformer2DModel: 2 double + 4 single blocks, 4 heads of 32, 64 tokens of 16 channels."""
     return FluxTransformer2DModel(
-        patch_size=1, in_channels=4 * LATENT_CHANNELS, num_layers=2, num_single_layers=4,
-        attention_head_dim=32, num_attention_heads=4, joint_attention_dim=TEXT_WIDTH,
-        pooled_projection_dim=TEXT_WIDTH, guidance_embeds=False, axes_dims_rope=(8, 12, 12),
+        patch_size=1,
+        in_channels=4 * LATENT_CHANNELS,
+        num_layers=2,
+        num_single_layers=4,
+        attention_head_dim=32,
+        num_attention_heads=4,
+        joint_attention_dim=TEXT_WIDTH,
+        pooled_projection_dim=TEXT_WIDTH,
+        guidance_embeds=False,
+        axes_dims_rope=(8, 12, 12),
     )
 
 
 def build_scheduler(shift: float = 1.0) -> FlowMatchEulerDiscreteScheduler:
     """Euler flow-matching scheduler with a fixed shift (no resolution-dependent shifting)."""
-    return FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=shift, use_dynamic_shifting=False)
+    return FlowMatchEulerDiscreteScheduler(
+        num_train_timesteps=1000, shift=shift, use_dynamic_shifting=False
+    )
 
 
 def images_to_tensor(images) -> torch.Tensor:

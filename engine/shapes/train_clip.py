@@ -65,7 +65,10 @@ def describes(caption_objects: list[dict[str, str]], scene_objects: list[dict[st
     if len(caption_objects) != len(scene_objects):
         return False
     return any(
-        all(all(s.get(k) == v for k, v in c.items()) for c, s in zip(caption_objects, perm, strict=True))
+        all(
+            all(s.get(k) == v for k, v in c.items())
+            for c, s in zip(caption_objects, perm, strict=True)
+        )
         for perm in permutations(scene_objects)
     )
 
@@ -74,7 +77,9 @@ def hard_negative(objects: list[dict[str, str]], rng: random.Random) -> list[dic
     """The same (possibly partial) objects with one stated attribute of one object changed."""
     out = [dict(o) for o in objects]
     o = rng.choice(out)
-    attr = rng.choice([a for a in ("color", "shape", "shape", "position", "position", "size") if a in o])
+    attr = rng.choice(
+        [a for a in ("color", "shape", "shape", "position", "position", "size") if a in o]
+    )
     choices = {
         "color": world.COLOR_NAMES,
         "shape": world.SHAPES,
@@ -85,11 +90,19 @@ def hard_negative(objects: list[dict[str, str]], rng: random.Random) -> list[dic
     return out
 
 
-def _partial(objects: list[dict[str, str]], rng: random.Random, drop: float) -> list[dict[str, str]]:
-    """Objects with size, position or color each left out with probability ``drop``."""
+def _partial(
+    objects: list[dict[str, str]], rng: random.Random, drop: float
+) -> list[dict[str, str]]:
+    """Objects with each attribute left out with probability ``drop`` (at least one kept), and
+    with probability ``drop`` reduced to a single attribute ("a shape on the left"): captions
+    that name one attribute alone give each attribute its own gradient."""
     out = []
     for o in objects:
-        keep = {k: v for k, v in o.items() if k == "shape" or rng.random() >= drop}
+        if rng.random() < drop:
+            attr = rng.choice(("color", "shape", "position", "position", "size"))
+            keep = {attr: o[attr]}
+        else:
+            keep = {k: v for k, v in o.items() if rng.random() >= drop} or {"shape": o["shape"]}
         out.append(keep)
     return out
 
@@ -110,7 +123,10 @@ def make_batch(
         for phrases_of, texts in ((stated, pos), (negative, neg)):
             phrases = [world.object_phrase(o, rng) for o in phrases_of]
             rng.shuffle(phrases)
-            texts.append(rng.choice(world.PREFIXES[:4]) + " and ".join(phrases))
+            prefix = rng.choice(world.PREFIXES[:4])
+            if not phrases[0].startswith(("a ", "an ")):
+                prefix = ""  # not "a picture of on the left, ..."
+            texts.append(prefix + " and ".join(phrases))
         scenes.append(objs)
         pos_objs.append(stated)
         neg_objs.append(negative)
@@ -120,7 +136,9 @@ def make_batch(
 
 
 @torch.no_grad()
-def zero_shot(model: torch.nn.Module, tokenizer, n: int = 400, seed: int = 1234) -> dict[str, float]:
+def zero_shot(
+    model: torch.nn.Module, tokenizer, n: int = 400, seed: int = 1234
+) -> dict[str, float]:
     """Zero-shot accuracy per attribute on held-out one-object renders.
 
     For each attribute, the candidates are the canonical captions that differ from the truth
@@ -140,10 +158,17 @@ def zero_shot(model: torch.nn.Module, tokenizer, n: int = 400, seed: int = 1234)
             cache.update(zip(missing, e, strict=True))
         return torch.stack([cache[t] for t in texts])
 
-    values = {"color": world.COLOR_NAMES, "shape": world.SHAPES, "size": world.SIZE_NAMES,
-              "position": world.POSITION_NAMES}
-    all_objs = [{"color": c, "shape": s, "size": z, "position": p}
-                for c, s, p in world.combinations("all") for z in world.SIZE_NAMES]
+    values = {
+        "color": world.COLOR_NAMES,
+        "shape": world.SHAPES,
+        "size": world.SIZE_NAMES,
+        "position": world.POSITION_NAMES,
+    }
+    all_objs = [
+        {"color": c, "shape": s, "size": z, "position": p}
+        for c, s, p in world.combinations("all")
+        for z in world.SIZE_NAMES
+    ]
     all_emb = embed([world.canonical_caption([o]) for o in all_objs])
     acc = {k: 0 for k in [*values, "all"]}
     for i, scene in enumerate(scenes):
@@ -184,9 +209,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--two-object-prob", type=float, default=0.3)
-    ap.add_argument("--drop", type=float, default=0.15, help="chance to leave out each non-shape attribute")
+    ap.add_argument(
+        "--drop", type=float, default=0.15, help="chance to leave out each non-shape attribute"
+    )
     ap.add_argument("--eval-every", type=int, default=250)
-    ap.add_argument("--max-minutes", type=float, default=20.0, help="stop (and save) after this long")
+    ap.add_argument(
+        "--max-minutes", type=float, default=20.0, help="stop (and save) after this long"
+    )
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
@@ -201,13 +230,20 @@ def main(argv: list[str] | None = None) -> None:
     model, _, _ = open_clip.create_model_and_transforms(MODEL_NAME)
     tokenizer = open_clip.get_tokenizer(MODEL_NAME)
     n_params = sum(p.numel() for p in model.parameters())
-    print(json.dumps({"event": "start", "params": n_params, "config": CONFIG, "args": vars(args)}), flush=True)
+    print(
+        json.dumps({"event": "start", "params": n_params, "config": CONFIG, "args": vars(args)}),
+        flush=True,
+    )
 
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embedding" not in n]
-    no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embedding" not in n)]
+    no_decay = [
+        p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embedding" not in n)
+    ]
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": 0.05}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=args.lr, betas=(0.9, 0.98), eps=1e-6,
+        lr=args.lr,
+        betas=(0.9, 0.98),
+        eps=1e-6,
     )
     start = time.time()
     running = None
@@ -234,18 +270,44 @@ def main(argv: list[str] | None = None) -> None:
         running = loss_value if running is None else 0.98 * running + 0.02 * loss_value
         elapsed = time.time() - start
         if step % 25 == 0:
-            print(json.dumps({"step": step, "loss": round(loss_value, 4), "loss_ema": round(running, 4),
-                              "grad_norm": round(grad_norm, 3), "lr": round(opt.param_groups[0]["lr"], 6),
-                              "logit_scale": round(float(scale), 2), "elapsed_s": round(elapsed, 1)}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "step": step,
+                        "loss": round(loss_value, 4),
+                        "loss_ema": round(running, 4),
+                        "grad_norm": round(grad_norm, 3),
+                        "lr": round(opt.param_groups[0]["lr"], 6),
+                        "logit_scale": round(float(scale), 2),
+                        "elapsed_s": round(elapsed, 1),
+                    }
+                ),
+                flush=True,
+            )
         last = step == args.steps - 1 or elapsed > args.max_minutes * 60
         if (step + 1) % args.eval_every == 0 or last:
             acc = zero_shot(model, tokenizer)
-            print(json.dumps({"event": "eval", "step": step + 1, "zero_shot_heldout": acc,
-                              "loss_ema": round(running, 4), "elapsed_s": round(time.time() - start, 1)}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "event": "eval",
+                        "step": step + 1,
+                        "zero_shot_heldout": acc,
+                        "loss_ema": round(running, 4),
+                        "elapsed_s": round(time.time() - start, 1),
+                    }
+                ),
+                flush=True,
+            )
             save(model, out)
         if last:
             break
-    print(json.dumps({"event": "done", "steps": step + 1, "elapsed_s": round(time.time() - start, 1)}), flush=True)
+    print(
+        json.dumps(
+            {"event": "done", "steps": step + 1, "elapsed_s": round(time.time() - start, 1)}
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

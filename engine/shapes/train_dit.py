@@ -33,16 +33,26 @@ from diffusers import AutoencoderKL, FluxPipeline
 
 from engine.shapes import components, world
 
-DEFAULTS = {"steps": 20, "guidance": 1.0, "true_cfg_scale": 1.0, "size": 32,
-            "max_sequence_length": components.TEXT_LENGTH}
+DEFAULTS = {
+    "steps": 20,
+    "guidance": 1.0,
+    "true_cfg_scale": 1.0,
+    "size": 32,
+    "max_sequence_length": components.TEXT_LENGTH,
+}
 """Sampling defaults written to ``agentloop.json`` (overwritten by the measured best in docs)."""
 
 
 def make_pipeline(vae, clip, t5, tokenizer, transformer, shift: float = 1.0) -> FluxPipeline:
     """A stock FluxPipeline around the given parts (one tokenizer serves both encoders)."""
     return FluxPipeline(
-        scheduler=components.build_scheduler(shift), vae=vae, text_encoder=clip, tokenizer=tokenizer,
-        text_encoder_2=t5, tokenizer_2=copy.deepcopy(tokenizer), transformer=transformer,
+        scheduler=components.build_scheduler(shift),
+        vae=vae,
+        text_encoder=clip,
+        tokenizer=tokenizer,
+        text_encoder_2=t5,
+        tokenizer_2=copy.deepcopy(tokenizer),
+        transformer=transformer,
     )
 
 
@@ -62,9 +72,14 @@ def evaluate(pipe: FluxPipeline, n: int = 48, steps: int = 20, seed: int = 0) ->
 
     goals = world.heldout_goals(n, objects=1, seed=seed)
     images = pipe(
-        prompt=[g.text for g in goals], height=world.IMAGE_SIZE, width=world.IMAGE_SIZE,
-        num_inference_steps=steps, guidance_scale=1.0, max_sequence_length=components.TEXT_LENGTH,
-        generator=torch.Generator().manual_seed(seed), output_type="np",
+        prompt=[g.text for g in goals],
+        height=world.IMAGE_SIZE,
+        width=world.IMAGE_SIZE,
+        num_inference_steps=steps,
+        guidance_scale=1.0,
+        max_sequence_length=components.TEXT_LENGTH,
+        generator=torch.Generator().manual_seed(seed),
+        output_type="np",
     ).images
     images = (np.clip(images, 0, 1) * 255).round().astype(np.uint8)
     return checker.accuracy(images, [g.objects for g in goals])
@@ -75,7 +90,9 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--vae", default="runs/shapes-vae")
     ap.add_argument("--out", default="models/shapes-dit")
-    ap.add_argument("--minutes", type=float, default=55.0, help="wall-clock budget (schedule follows it)")
+    ap.add_argument(
+        "--minutes", type=float, default=55.0, help="wall-clock budget (schedule follows it)"
+    )
     ap.add_argument("--steps", type=int, default=0, help="fixed step count instead of --minutes")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--lr", type=float, default=6e-4)
@@ -86,7 +103,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--save-every", type=int, default=400)
     ap.add_argument("--eval-every", type=int, default=800)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--threads-file", default="", help="file with a thread count, re-read every 25 steps")
+    ap.add_argument(
+        "--threads-file", default="", help="file with a thread count, re-read every 25 steps"
+    )
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
 
@@ -104,14 +123,18 @@ def main(argv: list[str] | None = None) -> None:
     ema = copy.deepcopy(trained).eval().requires_grad_(False)
     params = [p for p in trained.parameters() if p.requires_grad]
     ema_params = list(ema.parameters())
-    n_params = {"transformer": sum(p.numel() for p in transformer.parameters()),
-                "text_encoder": sum(p.numel() for p in clip.parameters()),
-                "text_encoder_2": sum(p.numel() for p in t5.parameters())}
+    n_params = {
+        "transformer": sum(p.numel() for p in transformer.parameters()),
+        "text_encoder": sum(p.numel() for p in clip.parameters()),
+        "text_encoder_2": sum(p.numel() for p in t5.parameters()),
+    }
     print(json.dumps({"event": "start", "params": n_params, "args": vars(args)}), flush=True)
 
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.99), weight_decay=0.01)
     latent_hw = world.IMAGE_SIZE // 2
-    img_ids = FluxPipeline._prepare_latent_image_ids(args.batch, latent_hw // 2, latent_hw // 2, "cpu", torch.float32)
+    img_ids = FluxPipeline._prepare_latent_image_ids(
+        args.batch, latent_hw // 2, latent_hw // 2, "cpu", torch.float32
+    )
     txt_ids = torch.zeros(components.TEXT_LENGTH, 3)
     start = time.time()
     running = None
@@ -121,24 +144,42 @@ def main(argv: list[str] | None = None) -> None:
         progress = step / args.steps if args.steps else elapsed / (args.minutes * 60)
         if progress >= 1.0:
             break
-        lr = args.lr * min(1.0, (step + 1) / args.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+        lr = (
+            args.lr
+            * min(1.0, (step + 1) / args.warmup)
+            * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+        )
         for g in opt.param_groups:
             g["lr"] = lr
 
-        images, captions, _ = world.sample(rng.randrange(2**31), args.batch, "train", args.two_object_prob)
+        images, captions, _ = world.sample(
+            rng.randrange(2**31), args.batch, "train", args.two_object_prob
+        )
         captions = ["" if rng.random() < args.uncond_prob else c for c in captions]
-        ids = tokenizer(captions, padding="max_length", max_length=components.TEXT_LENGTH, truncation=True,
-                        return_tensors="pt").input_ids
+        ids = tokenizer(
+            captions,
+            padding="max_length",
+            max_length=components.TEXT_LENGTH,
+            truncation=True,
+            return_tensors="pt",
+        ).input_ids
         with torch.no_grad():
             z = vae.encode(components.images_to_tensor(images)).latent_dist.mode()
             z = (z - shift) * scale
-            z = FluxPipeline._pack_latents(z, args.batch, components.LATENT_CHANNELS, latent_hw, latent_hw)
+            z = FluxPipeline._pack_latents(
+                z, args.batch, components.LATENT_CHANNELS, latent_hw, latent_hw
+            )
         t = torch.sigmoid(torch.randn(args.batch))
         noise = torch.randn_like(z)
         x_t = (1 - t[:, None, None]) * z + t[:, None, None] * noise
         pred = transformer(
-            hidden_states=x_t, timestep=t, pooled_projections=clip(ids).pooler_output,
-            encoder_hidden_states=t5(ids)[0], txt_ids=txt_ids, img_ids=img_ids, return_dict=False,
+            hidden_states=x_t,
+            timestep=t,
+            pooled_projections=clip(ids).pooler_output,
+            encoder_hidden_states=t5(ids)[0],
+            txt_ids=txt_ids,
+            img_ids=img_ids,
+            return_dict=False,
         )[0]
         loss = torch.nn.functional.mse_loss(pred, noise - z)
         opt.zero_grad(set_to_none=True)
@@ -159,9 +200,19 @@ def main(argv: list[str] | None = None) -> None:
         value = loss.item()
         running = value if running is None else 0.98 * running + 0.02 * value
         if step % 25 == 0 or step == 1:
-            print(json.dumps({"step": step, "loss": round(value, 4), "loss_ema": round(running, 4),
-                              "grad_norm": round(grad_norm, 3), "lr": round(lr, 6),
-                              "elapsed_s": round(time.time() - start, 1)}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "step": step,
+                        "loss": round(value, 4),
+                        "loss_ema": round(running, 4),
+                        "grad_norm": round(grad_norm, 3),
+                        "lr": round(lr, 6),
+                        "elapsed_s": round(time.time() - start, 1),
+                    }
+                ),
+                flush=True,
+            )
         if step % args.save_every == 0 or step % args.eval_every == 0:
             pipe = make_pipeline(vae, ema[1], ema[2], tokenizer, ema[0])
             save_pipeline(pipe, out, {"train_steps": step, "train_loss_ema": round(running, 4)})
@@ -172,12 +223,32 @@ def main(argv: list[str] | None = None) -> None:
                 print(json.dumps({"event": "eval", "step": step, "heldout_1obj": acc}), flush=True)
 
     pipe = make_pipeline(vae, ema[1], ema[2], tokenizer, ema[0])
-    save_pipeline(pipe, out, {"train_steps": step, "train_loss_ema": round(running or 0.0, 4),
-                              "train_seconds": round(time.time() - start, 1), "seed": args.seed})
-    print(json.dumps({"event": "done", "steps": step, "loss_ema": running,
-                      "elapsed_s": round(time.time() - start, 1)}), flush=True)
+    save_pipeline(
+        pipe,
+        out,
+        {
+            "train_steps": step,
+            "train_loss_ema": round(running or 0.0, 4),
+            "train_seconds": round(time.time() - start, 1),
+            "seed": args.seed,
+        },
+    )
+    print(
+        json.dumps(
+            {
+                "event": "done",
+                "steps": step,
+                "loss_ema": running,
+                "elapsed_s": round(time.time() - start, 1),
+            }
+        ),
+        flush=True,
+    )
     try:
-        print(json.dumps({"event": "eval", "step": step, "heldout_1obj": evaluate(pipe, n=96)}), flush=True)
+        print(
+            json.dumps({"event": "eval", "step": step, "heldout_1obj": evaluate(pipe, n=96)}),
+            flush=True,
+        )
     except ImportError:
         pass
 

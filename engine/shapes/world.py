@@ -121,7 +121,12 @@ class PlacedObject:
 
     def attributes(self) -> dict[str, str]:
         """The object's attributes as a dict with keys color, shape, size, position."""
-        return {"color": self.color, "shape": self.shape, "size": self.size, "position": self.position}
+        return {
+            "color": self.color,
+            "shape": self.shape,
+            "size": self.size,
+            "position": self.position,
+        }
 
     def bbox(self) -> tuple[float, float, float, float]:
         """(x0, y0, x1, y1) of the drawn shape."""
@@ -221,7 +226,14 @@ def place(
                 cx, cy, extent, rgb = ax, ay, (lo + hi) / 2, COLORS[attrs["color"]]
             placed.append(
                 PlacedObject(
-                    attrs["color"], attrs["shape"], attrs["size"], attrs["position"], cx, cy, extent, rgb
+                    attrs["color"],
+                    attrs["shape"],
+                    attrs["size"],
+                    attrs["position"],
+                    cx,
+                    cy,
+                    extent,
+                    rgb,
                 )
             )
         if not any(_overlaps(a, b) for k, a in enumerate(placed) for b in placed[k + 1 :]):
@@ -247,7 +259,9 @@ def fits_together(objects: Sequence[dict[str, str]]) -> bool:
     return True
 
 
-def shape_mask(shape: str, cx: float, cy: float, extent: float, size: int = IMAGE_SIZE) -> np.ndarray:
+def shape_mask(
+    shape: str, cx: float, cy: float, extent: float, size: int = IMAGE_SIZE
+) -> np.ndarray:
     """Coverage in [0, 1] of each pixel of a size x size image by a shape (anti-aliased)."""
     n = size * SUPERSAMPLE
     coords = (np.arange(n, dtype=np.float32) + 0.5) / SUPERSAMPLE
@@ -262,7 +276,9 @@ def shape_mask(shape: str, cx: float, cy: float, extent: float, size: int = IMAG
         inside = (dy >= -r) & (dy <= r) & (np.abs(dx) <= (dy + r) / 2)
     elif shape == "cross":
         arm = r / 3
-        inside = ((np.abs(dx) <= r) & (np.abs(dy) <= arm)) | ((np.abs(dy) <= r) & (np.abs(dx) <= arm))
+        inside = ((np.abs(dx) <= r) & (np.abs(dy) <= arm)) | (
+            (np.abs(dy) <= r) & (np.abs(dx) <= arm)
+        )
     elif shape == "ring":
         d2 = dx * dx + dy * dy
         inside = (d2 <= r * r) & (d2 >= (0.5 * r) ** 2)
@@ -290,7 +306,9 @@ def render_image(scene: Scene) -> Image.Image:
 # Sampling scenes
 
 
-def sample_objects(rng: random.Random, n_objects: int, split: str = "train") -> list[dict[str, str]]:
+def sample_objects(
+    rng: random.Random, n_objects: int, split: str = "train"
+) -> list[dict[str, str]]:
     """Attributes of 1 or 2 objects whose color x shape x position is in ``split``.
 
     Two objects always have different positions and fit without touching.
@@ -326,7 +344,9 @@ def object_phrase(
     With ``rng``: synonyms, one of several word orders, and (with probability ``drop`` each)
     size or position left out. Missing keys in ``attrs`` are left out too.
     """
-    size_key, color, shape_key, pos_key = (attrs.get(k) for k in ("size", "color", "shape", "position"))
+    size_key, color, shape_key, pos_key = (
+        attrs.get(k) for k in ("size", "color", "shape", "position")
+    )
     if rng is None:
         size = size_key or ""
         shape = shape_key or "shape"
@@ -360,7 +380,9 @@ def object_phrase(
     return f"{_article(words)} {words}" + (f" {pos}" if pos else "")
 
 
-def caption(scene: Scene, rng: random.Random, drop: float = 0.1, background_prob: float = 0.2) -> str:
+def caption(
+    scene: Scene, rng: random.Random, drop: float = 0.1, background_prob: float = 0.2
+) -> str:
     """A random caption of a scene: paraphrases, varied order, objects joined with "and"."""
     phrases = [object_phrase(o.attributes(), rng, drop) for o in scene.objects]
     rng.shuffle(phrases)
@@ -393,9 +415,7 @@ def sample(
     return images, captions, scenes
 
 
-def heldout_goals(
-    n: int, objects: int = 1, seed: int = 0, paraphrase: bool = False
-) -> list[Goal]:
+def heldout_goals(n: int, objects: int = 1, seed: int = 0, paraphrase: bool = False) -> list[Goal]:
     """``n`` benchmark goals whose every object is a held-out color x shape x position.
 
     Texts are canonical ("a small red circle on the left") unless ``paraphrase``; the same
@@ -419,8 +439,11 @@ def heldout_goals(
 def vocabulary() -> list[str]:
     """Every word a caption can contain (for word-level tokenizers)."""
     words: set[str] = set()
-    parts: list[str] = list(COLORS) + list(BACKGROUNDS) + ["a", "an", "and", "colored", "in", "that", "is",
-                                                           "background", "on", "shape"]
+    parts: list[str] = (
+        list(COLORS)
+        + list(BACKGROUNDS)
+        + ["a", "an", "and", "colored", "in", "that", "is", "background", "on", "shape"]
+    )
     parts += [w for ws in SIZE_WORDS.values() for w in ws]
     parts += [w for ws in SHAPE_WORDS.values() for w in ws]
     parts += [w for ps in POSITION_PHRASES.values() for w in ps]
