@@ -63,6 +63,8 @@ def run(
     dispatcher.advance_goal(goal_view.id)
     try:
         state = _follow(store, goal_view.id, closer, quiet=False)
+        if not err.is_terminal:
+            err.print()  # end the progress line
     finally:
         if closer is not None:
             closer.close(wait=False)

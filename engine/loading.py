@@ -169,8 +169,18 @@ def _build_preset(spec: ModelSpec, cache_dir: Path) -> DiffusionPipeline:
     return pipe
 
 
+def _quiet_loading() -> None:
+    """No progress bars while loading: workers log, they do not draw bars."""
+    import diffusers.utils.logging as diffusers_logging
+    import transformers.utils.logging as transformers_logging
+
+    diffusers_logging.disable_progress_bar()
+    transformers_logging.disable_progress_bar()
+
+
 def _from_pretrained(spec: ModelSpec, dtype: torch.dtype) -> DiffusionPipeline:
     cls = FluxPipeline if spec.pipeline_class == "FluxPipeline" else DiffusionPipeline
+    _quiet_loading()
     try:
         return cls.from_pretrained(spec.location, dtype=dtype)
     except (OSError, ValueError, RuntimeError) as exc:

@@ -40,10 +40,14 @@ MODEL_NAME = "shapes-clip"
 
 CONFIG: dict = {
     "embed_dim": 64,
-    "vision_cfg": {"image_size": 32, "patch_size": 4, "width": 128, "layers": 4, "head_width": 32},
+    "vision_cfg": {"image_size": 32, "layers": [1, 1, 1, 1], "width": 16, "head_width": 32},
     "text_cfg": {"context_length": 32, "vocab_size": 49408, "width": 64, "heads": 4, "layers": 3},
 }
-"""open_clip config: ViT with 4x4 patches (64 tokens) and a 3-layer text tower."""
+"""open_clip config: a ModifiedResNet image tower (one bottleneck per stage, width 16, attention
+pooling) and a 3-layer text tower. A ViT with 4x4 patches (width 128, 4 layers) was tried first:
+it learned color at once but position not at all in 300-400 contrastive steps (and not in 60
+supervised steps either), while this ResNet learns position in ~30 supervised steps at a quarter
+of the cost per step."""
 
 
 def register(folder: str | Path) -> None:

@@ -90,6 +90,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--vae", default="runs/shapes-vae")
     ap.add_argument("--out", default="models/shapes-dit")
+    ap.add_argument("--init", default="", help="continue from this saved pipeline folder")
     ap.add_argument(
         "--minutes", type=float, default=55.0, help="wall-clock budget (schedule follows it)"
     )
@@ -117,8 +118,12 @@ def main(argv: list[str] | None = None) -> None:
     vae = AutoencoderKL.from_pretrained(args.vae).eval().requires_grad_(False)
     shift, scale = vae.config.shift_factor, vae.config.scaling_factor
     tokenizer = components.build_tokenizer()
-    clip, t5 = components.build_text_encoders(len(tokenizer))
-    transformer = components.build_transformer()
+    if args.init:  # continue from a saved pipeline (its EMA weights)
+        init = FluxPipeline.from_pretrained(args.init, vae=vae)
+        clip, t5, transformer = init.text_encoder, init.text_encoder_2, init.transformer
+    else:
+        clip, t5 = components.build_text_encoders(len(tokenizer))
+        transformer = components.build_transformer()
     trained = torch.nn.ModuleList([transformer, clip, t5]).train()
     ema = copy.deepcopy(trained).eval().requires_grad_(False)
     params = [p for p in trained.parameters() if p.requires_grad]
