@@ -16,6 +16,13 @@ if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
   for _ in $(seq 30); do redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 && break; sleep 1; done
 fi
 
+if ! command -v chromium >/dev/null 2>&1; then
+  echo "installing Chromium (the gallery is checked in a real browser)"
+  if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } >/tmp/agentloop-chromium.log 2>&1; then
+    echo "could not install chromium (see /tmp/agentloop-chromium.log); the browser test will skip"
+  fi
+fi
+
 # Without a GPU, Triton kernels run under its interpreter (set before anything imports triton).
 if ! nvidia-smi -L >/dev/null 2>&1; then
   export TRITON_INTERPRET="${TRITON_INTERPRET:-1}"
