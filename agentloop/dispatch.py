@@ -40,20 +40,26 @@ def dispatch_generation(
 
 
 class InProcessDispatcher:
-    """Runs task functions in this process: one control thread, `gen_threads` generation threads.
+    """Runs task functions in this process: one control thread and one generation thread.
 
+    Generation requests that arrive while the generation thread is busy are coalesced, up to
+    `max_coalesce` candidates per call, so goals running side by side share batches (the
+    embedded counterpart of a GPU worker that batches whatever is queued for its model).
     The functions are bound later (`bind`) because they need this dispatcher themselves.
     Exceptions are logged and kept in `errors` so a caller waiting on a goal can stop.
     """
 
-    def __init__(self, gen_threads: int = 1):
+    def __init__(self, max_coalesce: int = 64):
         self._control = ThreadPoolExecutor(1, thread_name_prefix="agentloop-control")
-        self._gen = ThreadPoolExecutor(gen_threads, thread_name_prefix="agentloop-gen")
+        self._gen = ThreadPoolExecutor(1, thread_name_prefix="agentloop-gen")
         self._advance: Callable[[str], Any] | None = None
         self._generate: Callable[[list[str]], Any] | None = None
         self._lock = threading.Lock()
         self._pending: set[Future[None]] = set()
+        self._gen_queue: list[str] = []
+        self._draining = False
         self._closed = False
+        self.max_coalesce = max_coalesce
         self.errors: list[BaseException] = []
 
     def bind(self, advance: Callable[[str], Any], generate: Callable[[list[str]], Any]) -> None:
@@ -66,7 +72,24 @@ class InProcessDispatcher:
 
     def generate(self, model: str, candidate_ids: list[str]) -> None:
         assert self._generate is not None, "bind() the task functions first"
-        self._submit(self._gen, self._generate, list(candidate_ids))
+        with self._lock:
+            self._gen_queue.extend(candidate_ids)
+            if self._draining:
+                return
+            self._draining = True
+        self._submit(self._gen, self._drain, None)
+
+    def _drain(self, _: object) -> None:
+        """Run queued generations in coalesced calls until the queue is empty."""
+        assert self._generate is not None
+        while True:
+            with self._lock:
+                ids = self._gen_queue[: self.max_coalesce]
+                del self._gen_queue[: self.max_coalesce]
+                if not ids or self._closed:
+                    self._draining = False
+                    return
+            self._run(self._generate, ids)
 
     def _submit(self, pool: ThreadPoolExecutor, fn: Callable[[Any], Any], arg: object) -> None:
         with self._lock:
@@ -91,7 +114,7 @@ class InProcessDispatcher:
     def busy(self) -> bool:
         """True while any task is queued or running."""
         with self._lock:
-            return bool(self._pending)
+            return bool(self._pending) or bool(self._gen_queue)
 
     def close(self, wait: bool = True) -> None:
         """Stop taking tasks; with wait, let the running ones finish."""

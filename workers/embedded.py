@@ -13,7 +13,7 @@ def embedded_runtime(
     store: Store, settings: Settings, residency: Residency | None = None
 ) -> tuple[InProcessDispatcher, WorkerContext]:
     """An in-process dispatcher bound to the task functions, and the context they share."""
-    dispatcher = InProcessDispatcher(gen_threads=1)
+    dispatcher = InProcessDispatcher()
     ctx = WorkerContext(
         store=store, dispatcher=dispatcher, settings=settings,
         residency=residency or Residency(extra_models=tuple(settings.extra_models)),

@@ -73,41 +73,48 @@ def generate_job(ctx: WorkerContext, candidate_ids: Sequence[str]) -> list[str]:
 
 
 def _generate_and_record(ctx: WorkerContext, claimed: list[CandidateView]) -> list[str]:
+    """Generate and score claimed candidates, which may belong to several goals and models."""
     residency = ctx.residency or Residency()
     ctx.residency = residency
-    params = claimed[0].params
-    requests = [
-        GenerationRequest(
-            prompt=c.prompt, seed=c.seed, negative_prompt=c.negative_prompt,
-            width=int(c.params["width"]), height=int(c.params["height"]),
-            steps=int(c.params["steps"]), guidance=float(c.params["guidance"]),
-            model=c.params["model"],
-        )
-        for c in claimed
-    ]
-    goal = ctx.store.get_goal(claimed[0].goal_id)
-    text = goal.text if goal else claimed[0].prompt
-    with residency.lock:
-        t0 = time.perf_counter()
-        results = residency.runner(params["model"]).generate(requests)
-        t1 = time.perf_counter()
-        score_req = ScoreRequest(text=text, parts=split_parts(text))
-        scores = residency.scorer(params["scorer"]).score(
-            [r.image for r in results], [score_req] * len(results)
-        )
-        t2 = time.perf_counter()
-    done = []
-    per_score = (t2 - t1) / len(results)
-    for cand, result, score in zip(claimed, results, scores, strict=True):
-        uri = _save_png(ctx.settings.resolved_artifacts_dir(), cand, result.image)
-        timings = {**result.timings, "generate_batch_s": t1 - t0, "score_s": per_score,
-                   "batch_size": float(len(results))}
-        if ctx.store.complete_candidate(
-            cand.id, ctx.worker_name, clip_score=score.clip_score,
-            part_scores=score.part_scores, artifact_uri=uri, timings=timings,
-        ):
-            done.append(cand.id)
+    texts = {gid: _goal_text(ctx, gid) for gid in {c.goal_id for c in claimed}}
+    done: list[str] = []
+    by_model: dict[tuple[str, str], list[CandidateView]] = {}
+    for c in claimed:
+        by_model.setdefault((c.params["model"], c.params["scorer"]), []).append(c)
+    for (model, scorer), group in by_model.items():
+        requests = [_request(c) for c in group]
+        score_requests = [ScoreRequest(texts[c.goal_id], split_parts(texts[c.goal_id])) for c in group]
+        with residency.lock:
+            t0 = time.perf_counter()
+            results = residency.runner(model).generate(requests)
+            t1 = time.perf_counter()
+            scores = residency.scorer(scorer).score([r.image for r in results], score_requests)
+            t2 = time.perf_counter()
+        shared = {"generate_batch_s": t1 - t0, "score_s": (t2 - t1) / len(results),
+                  "batch_size": float(len(results))}
+        for cand, result, score in zip(group, results, scores, strict=True):
+            uri = _save_png(ctx.settings.resolved_artifacts_dir(), cand, result.image)
+            if ctx.store.complete_candidate(
+                cand.id, ctx.worker_name, clip_score=score.clip_score,
+                part_scores=score.part_scores, artifact_uri=uri, timings={**result.timings, **shared},
+            ):
+                done.append(cand.id)
     return done
+
+
+def _goal_text(ctx: WorkerContext, goal_id: str) -> str:
+    goal = ctx.store.get_goal(goal_id)
+    if goal is None:
+        raise LookupError(f"goal {goal_id} vanished while its candidates were generated")
+    return goal.text
+
+
+def _request(c: CandidateView) -> GenerationRequest:
+    return GenerationRequest(
+        prompt=c.prompt, seed=c.seed, negative_prompt=c.negative_prompt,
+        width=int(c.params["width"]), height=int(c.params["height"]),
+        steps=int(c.params["steps"]), guidance=float(c.params["guidance"]), model=c.params["model"],
+    )
 
 
 def _save_png(root: Path, cand: CandidateView, image) -> str:  # noqa: ANN001 - PIL image
@@ -122,10 +129,11 @@ def _save_png(root: Path, cand: CandidateView, image) -> str:  # noqa: ANN001 - 
 
 
 def _release(ctx: WorkerContext, claimed: list[CandidateView], error: str) -> None:
-    retry: list[str] = []
+    """Put failed candidates back for a retry (or fail them after max_attempts); re-dispatch."""
+    by_model: dict[str, list[str]] = {}
     for cand in claimed:
         status = ctx.store.release_candidate(cand.id, ctx.worker_name, error, ctx.settings.max_attempts)
         if status is CandidateStatus.QUEUED:
-            retry.append(cand.id)
-    if retry:
-        ctx.dispatcher.generate(claimed[0].params["model"], retry)
+            by_model.setdefault(cand.params["model"], []).append(cand.id)
+    for model, ids in by_model.items():
+        ctx.dispatcher.generate(model, ids)

@@ -63,7 +63,7 @@ def threaded_loop(
     store: Store, settings: Settings, score: Callable[[CandidateView], float] = lambda c: 1.0
 ) -> InProcessDispatcher:
     """The in-process dispatcher running the orchestrator for real and `finish` as the worker."""
-    dispatcher = InProcessDispatcher(gen_threads=1)
+    dispatcher = InProcessDispatcher()
 
     def advance_goal(goal_id: str) -> None:
         decision = advance(store, goal_id)
