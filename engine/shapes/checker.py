@@ -149,7 +149,7 @@ def _split_by_color(
     ys, xs = np.nonzero(comp)
     pal = _PALETTE[top]
     nearest = np.argmin(((arr[ys, xs][:, None, :] - pal[None]) ** 2).sum(-1), axis=1)
-    parts = []
+    parts: list[np.ndarray] = []
     for k in range(2):
         part = np.zeros_like(comp)
         part[ys[nearest == k], xs[nearest == k]] = True

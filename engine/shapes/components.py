@@ -81,7 +81,7 @@ def build_text_encoders(vocab_size: int) -> tuple[CLIPTextModel, T5EncoderModel]
         )
     )
     t5 = T5EncoderModel(
-        T5Config(
+        T5Config(  # type: ignore[call-arg]  # extra keys go through **kwargs
             vocab_size=vocab_size,
             d_model=TEXT_WIDTH,
             d_kv=16,

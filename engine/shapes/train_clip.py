@@ -27,6 +27,7 @@ import random
 import time
 from itertools import permutations
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import open_clip
@@ -117,7 +118,11 @@ def make_batch(
     """Images, then n positive and n hard-negative captions, and the (n, 2n) target matrix
     (1 where a caption truly describes an image: duplicates and partial captions included)."""
     images = np.empty((n, world.IMAGE_SIZE, world.IMAGE_SIZE, 3), dtype=np.uint8)
-    scenes, pos, neg, pos_objs, neg_objs = [], [], [], [], []
+    scenes: list[list[dict[str, str]]] = []
+    pos: list[str] = []
+    neg: list[str] = []
+    pos_objs: list[list[dict[str, str]]] = []
+    neg_objs: list[list[dict[str, str]]] = []
     for k in range(n):
         scene = world.sample_scene(rng, 2 if rng.random() < two_object_prob else 1, "train")
         images[k] = world.render(scene)
@@ -140,9 +145,7 @@ def make_batch(
 
 
 @torch.no_grad()
-def zero_shot(
-    model: torch.nn.Module, tokenizer, n: int = 400, seed: int = 1234
-) -> dict[str, float]:
+def zero_shot(model: Any, tokenizer, n: int = 400, seed: int = 1234) -> dict[str, float]:
     """Zero-shot accuracy per attribute on held-out one-object renders.
 
     For each attribute, the candidates are the canonical captions that differ from the truth
