@@ -53,11 +53,14 @@ class SearchReviser:
             first = self._reseeds(ctx, [ctx.spec.goal], ctx.n, used, parent=None)
             return Proposal(first, {"strategy": "seeds", "reason": "no scored candidates yet"})
         weights = self._edit_weights(ctx)
-        n_edits = ctx.n // 2
+        n_edits = round(ctx.n * self._edit_share(ctx))
         best = ranked[0]
         parents = _unique_prompts(ranked)[: max(1, min(3, ctx.n))]
         drafts: list[CandidateDraft] = []
         kinds = sorted(EDIT_KINDS, key=lambda k: -weights[k] * (0.5 + rng.random()))
+        if ctx.parts and weights["emphasize"] >= 1.0:
+            kinds.remove("emphasize")  # a weak part is the first thing to work on
+            kinds.insert(0, "emphasize")
         for i in range(n_edits):
             parent = parents[i % len(parents)]
             draft = self._edit(ctx, parent, kinds[i % len(kinds):] + kinds[: i % len(kinds)], rng, used)
@@ -90,15 +93,20 @@ class SearchReviser:
             drafts.append(CandidateDraft(prompt, seed, ctx.spec.negative_prompt, pid, "seed"))
         return drafts
 
+    def _edit_share(self, ctx: ReviserContext) -> float:
+        """The share of slots spent on prompt edits, from the evidence so far.
+
+        A quarter while no edit has been scored; half once edits beat their parents on
+        average; an eighth once they have not (the rest go to fresh seeds of the best prompts).
+        """
+        gains = [g for kind_gains in _edit_gains(ctx).values() for g in kind_gains]
+        if not gains:
+            return 0.25
+        return 0.5 if sum(gains) / len(gains) > 0 else 0.125
+
     def _edit_weights(self, ctx: ReviserContext) -> dict[str, float]:
         """exp(mean gain over parent) per edit kind; unseen kinds get weight 1."""
-        by_id = {c.id: c for c in ctx.history}
-        gains: dict[str, list[float]] = defaultdict(list)
-        for c in ctx.history:
-            parent = by_id.get(c.parent_id or "")
-            if c.edit and parent and c.clip_score is not None and parent.clip_score is not None:
-                kind = c.edit.split(":", 1)[0]
-                gains[kind].append(objective(c, ctx.parts) - objective(parent, ctx.parts))
+        gains = _edit_gains(ctx)
         return {k: math.exp(10 * sum(gains[k]) / len(gains[k])) if gains[k] else 1.0
                 for k in EDIT_KINDS}
 
@@ -115,6 +123,17 @@ class SearchReviser:
                     used.add((prompt, parent.seed))
                     return CandidateDraft(prompt, parent.seed, parent.negative_prompt, parent.id, edit)
         return None
+
+
+def _edit_gains(ctx: ReviserContext) -> dict[str, list[float]]:
+    """Per edit kind, how much each scored edit gained over its parent (objective scale)."""
+    by_id = {c.id: c for c in ctx.history}
+    gains: dict[str, list[float]] = defaultdict(list)
+    for c in ctx.history:
+        parent = by_id.get(c.parent_id or "")
+        if c.edit and c.edit != "seed" and parent and c.clip_score is not None and parent.clip_score is not None:
+            gains[c.edit.split(":", 1)[0]].append(objective(c, ctx.parts) - objective(parent, ctx.parts))
+    return gains
 
 
 def _unique_prompts(ranked: list[CandidateView]) -> list[CandidateView]:

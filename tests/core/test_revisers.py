@@ -51,7 +51,7 @@ def test_builds_on_the_best_candidate() -> None:
     p = SearchReviser().propose(ctx(s, history, n=4))
     edits = [d for d in p.candidates if d.edit != "seed"]
     reseeds = [d for d in p.candidates if d.edit == "seed"]
-    assert len(edits) == 2 and len(reseeds) == 2
+    assert len(edits) == 1 and len(reseeds) == 3  # a quarter on edits until edits prove useful
     assert edits[0].parent_id == "c1" and edits[0].seed == 22  # edits keep the parent's seed
     assert reseeds[0].prompt == s.goal + ", bold"  # the best prompt gets fresh seeds first
     assert p.notes["best_so_far"]["id"] == "c1"
@@ -72,6 +72,18 @@ def test_objective_penalizes_a_missing_part() -> None:
     one = cand(1, "x", 2, 0.8, {parts[0]: 0.9, parts[1]: 0.0})
     assert objective(both, parts) > objective(one, parts)
     assert objective(one, ()) == 0.8
+
+
+def test_edit_share_follows_the_evidence() -> None:
+    s = spec()
+    r = SearchReviser()
+    base = [cand(0, s.goal, 1, 0.5)]
+    helped = base + [cand(1, f"{s.goal}, bold", 1, 0.9, parent="c0", edit="add:bold")]
+    hurt = base + [cand(1, f"{s.goal}, bold", 1, 0.1, parent="c0", edit="add:bold")]
+    assert r._edit_share(ctx(s, base)) == 0.25
+    assert r._edit_share(ctx(s, helped)) == 0.5
+    assert r._edit_share(ctx(s, hurt)) == 0.125
+    assert sum(d.edit != "seed" for d in r.propose(ctx(s, hurt, n=8)).candidates) == 1
 
 
 def test_edit_kinds_that_helped_are_preferred() -> None:
