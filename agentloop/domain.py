@@ -286,6 +286,15 @@ class CandidateDraft:
     negative_prompt: str = ""
     parent_id: str | None = None
     edit: str | None = None
+    variation_seed: int | None = None
+    """Seed of a second noise blended into ``seed``'s initial noise (None: no variation)."""
+    variation_strength: float = 0.0
+    """How far toward ``variation_seed``'s noise, in [0, 1]; 0 is ``seed``'s own noise."""
+
+    @property
+    def has_variation(self) -> bool:
+        """Whether this draft's initial noise differs from the plain noise of its seed."""
+        return self.variation_seed is not None and self.variation_strength > 0
 
 
 @dataclass

@@ -102,7 +102,17 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--scorer", default="shapes-clip")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json-out", type=Path, default=None)
+    parser.add_argument(
+        "--variation-share", type=float, default=None,
+        help="run (c) with SearchReviser(variation_share=X): that share of each later iteration "
+             "goes to noise variations of the best candidate (default: the shipped reviser)",
+    )
+    parser.add_argument("--variation-strength", type=float, default=0.35)
     args = parser.parse_args(argv)
+    if args.variation_share is not None:
+        from agentloop.revisers import REVISERS, SearchReviser
+
+        REVISERS["search"] = SearchReviser(args.variation_share, args.variation_strength)
     n_goals = 12 if args.quick else args.goals
     budgets = [int(b) for b in args.budgets.split(",")]
     t0 = time.perf_counter()
@@ -131,6 +141,8 @@ def main(argv: list[str] | None = None) -> dict:
                   f"{r[f'loop_{n}']:>9.2f} {r[f'loop_{n}'] - r[f'best_of_{n}']:>+8.2f} "
                   f"{r[f'loop_{n}_mean_generations']:>10.1f}")
     figures = {"bench": "loop_quality", "goals_per_kind": n_goals, "budgets": budgets,
+               "variation_share": args.variation_share,
+               "variation_strength": args.variation_strength if args.variation_share else None,
                "model": args.model, "scorer": args.scorer, "seconds": round(elapsed, 1), **results}
     if args.json_out:
         args.json_out.write_text(json.dumps(figures, indent=2))

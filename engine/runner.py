@@ -3,6 +3,11 @@
 Requests that share a ``batch_key()`` run together, up to ``EngineConfig.max_batch`` at a time.
 Each request gets its own ``torch.Generator`` seeded with its seed (drawn on the CPU), so an
 image depends only on its own request, never on its batch neighbours or on the device.
+
+A request with a variation (``variation_seed`` and a ``variation_strength`` above 0) starts
+from a blend of its seed's noise and the variation seed's noise. A batch holding one is given
+its initial noise built here, drawn exactly as the pipeline would draw it, so the plain
+requests of that batch get the very images they get without it.
 """
 
 from __future__ import annotations
@@ -23,6 +28,34 @@ from engine.types import GenerationRequest, GenerationResult
 
 TEXT_CACHE_SIZE = 4096
 """Most texts whose embeddings the runner keeps (least recently used are dropped)."""
+
+_VARIATION_PIPELINES = (FluxPipeline, StableDiffusionPipeline)
+"""Pipelines whose initial noise the runner knows how to draw (and so to vary)."""
+
+SLERP_PARALLEL = 0.9995
+"""Above this |cos| between two noises, ``slerp`` interpolates linearly (the angle is too small)."""
+
+
+def slerp(a: torch.Tensor, b: torch.Tensor, t: float) -> torch.Tensor:
+    """Spherical interpolation from ``a`` (t = 0) to ``b`` (t = 1), over the flattened tensors.
+
+    Two Gaussian noises are nearly orthogonal, and moving along the arc between them keeps the
+    norm a noise should have, where a straight line would shrink it toward the middle.
+    Computed in float64, returned in ``a``'s dtype; the ends are returned exactly.
+    """
+    if t <= 0:
+        return a
+    if t >= 1:
+        return b.to(a.dtype)
+    x, y = a.double().flatten(), b.double().flatten()
+    norms = x.norm() * y.norm()
+    cos = float((x @ y) / norms) if norms > 0 else 1.0
+    if abs(cos) > SLERP_PARALLEL:
+        out = (1 - t) * x + t * y
+    else:
+        omega = math.acos(max(-1.0, min(1.0, cos)))
+        out = (math.sin((1 - t) * omega) * x + math.sin(t * omega) * y) / math.sin(omega)
+    return out.reshape(a.shape).to(a.dtype)
 
 
 @dataclass(frozen=True)
@@ -102,6 +135,13 @@ class Runner:
             problems.append(f"seed {request.seed} outside [0, 2**64)")
         if not math.isfinite(request.guidance) or request.guidance < 0:
             problems.append(f"guidance {request.guidance} is not a finite number >= 0")
+        strength = request.variation_strength
+        if not (math.isfinite(strength) and 0 <= strength <= 1):
+            problems.append(f"variation_strength {strength} is not a finite number in [0, 1]")
+        if request.variation_seed is not None and not (0 <= request.variation_seed < 2**64):
+            problems.append(f"variation_seed {request.variation_seed} outside [0, 2**64)")
+        if request.has_variation and not isinstance(self.pipe, _VARIATION_PIPELINES):
+            problems.append(f"variations are not supported for {type(self.pipe).__name__}")
         if problems:
             raise ValueError(f"invalid request {request.prompt!r}: " + "; ".join(problems))
 
@@ -129,12 +169,17 @@ class Runner:
     def _run_batch(self, batch: list[GenerationRequest]) -> list[GenerationResult]:
         """One pipeline call for requests that share a batch key."""
         first = batch[0]
-        generators = [torch.Generator("cpu").manual_seed(r.seed) for r in batch]
         start = time.perf_counter()
         text_kwargs = self._text_kwargs(batch)
         encode_s = time.perf_counter() - start
         kwargs = self._call_kwargs(first) | text_kwargs
         start = time.perf_counter()
+        generators = [torch.Generator("cpu").manual_seed(r.seed) for r in batch]
+        if any(r.has_variation for r in batch):
+            # drawn from the same generators, which the pipeline then carries on with
+            kwargs["latents"] = self._initial_noise(
+                batch, generators, self._noise_dtype(text_kwargs)
+            )
         images = self.pipe(
             height=first.height,
             width=first.width,
@@ -149,6 +194,51 @@ class Runner:
         return [
             GenerationResult(r, img, dict(timings)) for r, img in zip(batch, images, strict=True)
         ]
+
+    def _initial_noise(
+        self, batch: list[GenerationRequest], generators: list[torch.Generator], dtype: torch.dtype
+    ) -> torch.Tensor:
+        """The batch's initial latents: each request's noise as the pipeline itself would draw it
+        (``randn_tensor`` with one CPU generator per request), blended toward the variation
+        seed's noise for requests that ask for a variation."""
+        channels, height, width = self._noise_shape(batch[0])
+        shape = (1, channels, height, width)
+        noises = []
+        for request, generator in zip(batch, generators, strict=True):
+            noise = torch.randn(shape, generator=generator, dtype=dtype)
+            if request.has_variation:
+                assert request.variation_seed is not None  # has_variation says so
+                other = torch.Generator("cpu").manual_seed(request.variation_seed)
+                target = torch.randn(shape, generator=other, dtype=dtype)
+                noise = slerp(noise, target, request.variation_strength)
+            noises.append(noise)
+        latents = torch.cat(noises)
+        if isinstance(self.pipe, FluxPipeline):
+            latents = FluxPipeline._pack_latents(latents, len(batch), channels, height, width)
+        return latents
+
+    def _noise_shape(self, request: GenerationRequest) -> tuple[int, int, int]:
+        """(channels, height, width) of one request's unpacked initial noise, as the pipeline's
+        ``prepare_latents`` shapes it. The UNet pipelines scale it by ``init_noise_sigma``
+        themselves, also when given latents."""
+        factor = int(getattr(self.pipe, "vae_scale_factor", 8))
+        if isinstance(self.pipe, FluxPipeline):
+            channels = int(self.pipe.transformer.config.in_channels) // 4
+            return (
+                channels,
+                2 * (request.height // (factor * 2)),
+                2 * (request.width // (factor * 2)),
+            )
+        channels = int(self.pipe.unet.config.in_channels)
+        return channels, request.height // factor, request.width // factor
+
+    def _noise_dtype(self, text_kwargs: dict[str, Any]) -> torch.dtype:
+        """The dtype the pipeline draws its noise in: its prompt embeddings' dtype."""
+        if isinstance(self.pipe, FluxPipeline):
+            embeds = text_kwargs.get("prompt_embeds")
+            return embeds.dtype if embeds is not None else self.pipe.text_encoder_2.dtype
+        encoder = getattr(self.pipe, "text_encoder", None)  # StableDiffusionPipeline casts to it
+        return encoder.dtype if encoder is not None else next(self.denoiser.parameters()).dtype
 
     def _call_kwargs(self, request: GenerationRequest) -> dict[str, Any]:
         """Guidance arguments: Flux without guidance embedding uses true CFG with the negative."""

@@ -20,9 +20,19 @@ class GenerationRequest:
     steps: int = 20
     guidance: float = 1.0
     model: str = "tiny-dit"
+    variation_seed: int | None = None
+    """Seed of a second noise to blend into this request's initial noise (None: no variation)."""
+    variation_strength: float = 0.0
+    """How far the initial noise moves from ``seed``'s noise toward ``variation_seed``'s, in
+    [0, 1] along a spherical interpolation: 0 is ``seed``'s noise, 1 is ``variation_seed``'s."""
+
+    @property
+    def has_variation(self) -> bool:
+        """Whether this request's initial noise differs from the plain noise of its seed."""
+        return self.variation_seed is not None and self.variation_strength > 0
 
     def batch_key(self) -> tuple[int, int, int, float, str]:
-        """Requests with equal keys can run as one batch."""
+        """Requests with equal keys can run as one batch (variations batch with plain requests)."""
         return (self.width, self.height, self.steps, self.guidance, self.model)
 
 

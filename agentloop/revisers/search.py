@@ -17,6 +17,11 @@ VOCABULARY: tuple[str, ...] = (
 ARTICLES = frozenset("a an the one two some its their very".split())
 PREPOSITIONS = frozenset("on in at to of with behind beside under above near below over".split())
 EDIT_KINDS = ("emphasize", "reorder", "add", "strengthen", "drop")
+VARIATION = "variation"
+"""The kind of a candidate that keeps its parent's prompt and seed and perturbs its noise."""
+
+Identity = tuple[str, int, int | None, float]
+"""What makes two candidates the same image: prompt, seed, variation seed and strength."""
 
 
 def goal_modifiers(parts: tuple[str, ...], text: str) -> list[str]:
@@ -40,23 +45,39 @@ class SearchReviser:
     Each iteration after the first spends about half its slots on new seeds for the best
     prompts (exploitation) and half on prompt edits of the best candidates, keeping the
     parent's seed so the edit is what changes. Edit kinds that beat their parents before are
-    picked more often.
+    picked more often. With a ``variation_share``, that share of the slots first goes to noise
+    variations of the best candidate (same prompt and seed, slightly perturbed noise).
     """
 
     name = "search"
 
+    def __init__(self, variation_share: float = 0.0, variation_strength: float = 0.35) -> None:
+        """``variation_share``: the share of each iteration's slots (after the first) spent on
+        noise variations of the best candidate; 0 proposes none. ``variation_strength``: how
+        far, in (0, 1], each variation's noise moves toward its variation seed's noise."""
+        if not (math.isfinite(variation_share) and 0 <= variation_share <= 1):
+            raise ValueError(f"variation_share {variation_share} is not in [0, 1]")
+        if not (math.isfinite(variation_strength) and 0 < variation_strength <= 1):
+            raise ValueError(f"variation_strength {variation_strength} is not in (0, 1]")
+        self.variation_share = variation_share
+        self.variation_strength = variation_strength
+
     def propose(self, ctx: ReviserContext) -> Proposal:
         rng = random.Random(derive_seed(ctx.spec.seed, ctx.iteration, 0, salt=7))
-        used = {(c.prompt, c.seed) for c in ctx.history}
+        used = {_identity_of(c) for c in ctx.history}
         ranked = ctx.scored()
         if not ranked:
             first = self._reseeds(ctx, [ctx.spec.goal], ctx.n, used, parent=None)
             return Proposal(first, {"strategy": "seeds", "reason": "no scored candidates yet"})
         weights = self._edit_weights(ctx)
-        n_edits = round(ctx.n * self._edit_share(ctx))
         best = ranked[0]
-        parents = _unique_prompts(ranked)[: max(1, min(3, ctx.n))]
         drafts: list[CandidateDraft] = []
+        if self.variation_share > 0:
+            n_variations = round(ctx.n * self.variation_share)
+            drafts += _variations(ctx, best, n_variations, self.variation_strength, used)
+        rest = ctx.n - len(drafts)  # split between edits and reseeds as without variations
+        n_edits = round(rest * self._edit_share(ctx))
+        parents = _unique_prompts(ranked)[: max(1, min(3, rest))]
         kinds = sorted(EDIT_KINDS, key=lambda k: -weights[k] * (0.5 + rng.random()))
         if ctx.parts and weights["emphasize"] >= 1.0:
             kinds.remove("emphasize")  # a weak part is the first thing to work on
@@ -68,16 +89,18 @@ class SearchReviser:
                 drafts.append(draft)
         reseed_prompts = [p.prompt for p in parents for _ in range(len(parents) - parents.index(p))]
         drafts += self._reseeds(ctx, reseed_prompts, ctx.n - len(drafts), used, parent=best)
-        notes = {
+        notes: dict[str, object] = {
             "strategy": "search",
             "best_so_far": {"id": best.id, "prompt": best.prompt, "objective": objective(best, ctx.parts)},
             "edit_weights": {k: round(v, 3) for k, v in weights.items()},
             "edits": [d.edit for d in drafts],
         }
+        if self.variation_share > 0:
+            notes["variation_share"] = self.variation_share
         return Proposal(drafts, notes)
 
     def _reseeds(
-        self, ctx: ReviserContext, prompts: list[str], n: int, used: set[tuple[str, int]],
+        self, ctx: ReviserContext, prompts: list[str], n: int, used: set[Identity],
         parent: CandidateView | None,
     ) -> list[CandidateDraft]:
         drafts: list[CandidateDraft] = []
@@ -86,9 +109,9 @@ class SearchReviser:
             prompt = prompts[len(drafts) % len(prompts)]
             seed = derive_seed(ctx.spec.seed, ctx.iteration, len(drafts), salt)
             salt += 1
-            if (prompt, seed) in used:
+            if _identity(prompt, seed) in used:
                 continue
-            used.add((prompt, seed))
+            used.add(_identity(prompt, seed))
             pid = parent.id if parent and parent.prompt == prompt else None
             drafts.append(CandidateDraft(prompt, seed, ctx.spec.negative_prompt, pid, "seed"))
         return drafts
@@ -98,8 +121,14 @@ class SearchReviser:
 
         A quarter while no edit has been scored; half once edits beat their parents on
         average; an eighth once they have not (the rest go to fresh seeds of the best prompts).
+        Noise variations are not prompt edits and do not count here.
         """
-        gains = [g for kind_gains in _edit_gains(ctx).values() for g in kind_gains]
+        gains = [
+            g
+            for kind, kind_gains in _edit_gains(ctx).items()
+            if kind != VARIATION
+            for g in kind_gains
+        ]
         if not gains:
             return 0.25
         return 0.5 if sum(gains) / len(gains) > 0 else 0.125
@@ -112,21 +141,85 @@ class SearchReviser:
 
     def _edit(
         self, ctx: ReviserContext, parent: CandidateView, kinds: list[str],
-        rng: random.Random, used: set[tuple[str, int]],
+        rng: random.Random, used: set[Identity],
     ) -> CandidateDraft | None:
-        """An unused edit of `parent`, trying edit kinds in the given order."""
+        """An unused edit of `parent`, trying edit kinds in the given order.
+
+        The edit keeps the parent's noise (its seed, and its variation if it has one), so the
+        prompt is what changes.
+        """
+        _, _, variation_seed, strength = _identity_of(parent)
         for kind in kinds:
             options = _edits_of(kind, ctx, parent)
             rng.shuffle(options)
             for edit, prompt in options:
-                if (prompt, parent.seed) not in used:
-                    used.add((prompt, parent.seed))
-                    return CandidateDraft(prompt, parent.seed, parent.negative_prompt, parent.id, edit)
+                identity = _identity(prompt, parent.seed, variation_seed, strength)
+                if identity not in used:
+                    used.add(identity)
+                    return CandidateDraft(
+                        prompt,
+                        parent.seed,
+                        parent.negative_prompt,
+                        parent.id,
+                        edit,
+                        variation_seed=variation_seed,
+                        variation_strength=strength,
+                    )
         return None
 
 
+def _variations(
+    ctx: ReviserContext, parent: CandidateView, n: int, strength: float, used: set[Identity]
+) -> list[CandidateDraft]:
+    """`n` noise variations of `parent`: its prompt and seed, each with its own variation seed.
+
+    A parent that is itself a variation gets siblings: the engine blends one variation seed
+    into the seed's noise, so these start again from the parent's seed.
+    """
+    drafts: list[CandidateDraft] = []
+    salt = 11
+    while len(drafts) < n:
+        variation_seed = derive_seed(ctx.spec.seed, ctx.iteration, len(drafts), salt=salt)
+        salt += 1
+        identity = _identity(parent.prompt, parent.seed, variation_seed, strength)
+        if variation_seed == parent.seed or identity in used:
+            continue
+        used.add(identity)
+        drafts.append(
+            CandidateDraft(
+                parent.prompt,
+                parent.seed,
+                parent.negative_prompt,
+                parent.id,
+                f"{VARIATION}:{strength:g}",
+                variation_seed=variation_seed,
+                variation_strength=strength,
+            )
+        )
+    return drafts
+
+
+def _identity(
+    prompt: str, seed: int, variation_seed: int | None = None, strength: float = 0.0
+) -> Identity:
+    """The image a candidate stands for; a variation of strength 0 is its plain seed."""
+    if variation_seed is None or strength <= 0:
+        return (prompt, seed, None, 0.0)
+    return (prompt, seed, int(variation_seed), float(strength))
+
+
+def _identity_of(c: CandidateView) -> Identity:
+    """A stored candidate's identity; its variation, if any, is in its params."""
+    strength = float(c.params.get("variation_strength", 0.0))
+    return _identity(c.prompt, c.seed, c.params.get("variation_seed"), strength)
+
+
 def _edit_gains(ctx: ReviserContext) -> dict[str, list[float]]:
-    """Per edit kind, how much each scored edit gained over its parent (objective scale)."""
+    """Per edit kind, how much each scored edit gained over its parent (objective scale).
+
+    The kind is the edit label's head: a prompt edit's kind from EDIT_KINDS, or "variation"
+    for a noise variation ("variation:0.35"); fresh seeds ("seed") are not edits.
+    """
     by_id = {c.id: c for c in ctx.history}
     gains: dict[str, list[float]] = defaultdict(list)
     for c in ctx.history:

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import random
+from dataclasses import replace
+
+import pytest
+
 from agentloop.domain import CandidateStatus, CandidateView, GoalRequest, check_goal, split_parts
 from agentloop.revisers import ReviserContext, SearchReviser, derive_seed, get_reviser, objective
-from agentloop.revisers.search import goal_modifiers
+from agentloop.revisers.search import _edit_gains, goal_modifiers
 from agentloop.settings import Settings
 
 SETTINGS = Settings(default_model="tiny-dit", default_scorer="tiny-clip")
@@ -106,3 +111,100 @@ def test_reorder_moves_the_prepositional_phrase_to_the_front() -> None:
 
     assert _front_prepositional("a small red circle on the left") == "on the left, a small red circle"
     assert _front_prepositional("a red circle") is None
+
+
+# noise variations -----------------------------------------------------------------------
+
+GOAL = "a small red circle on the left"
+HISTORY_A = [cand(0, GOAL, 11, 0.2), cand(1, GOAL + ", bold", 22, 0.9), cand(2, GOAL, 33, 0.4)]
+HISTORY_B = [cand(0, GOAL, 1, 0.5), cand(1, f"{GOAL}, bold", 1, 0.9, parent="c0", edit="add:bold")]
+# What SearchReviser proposed for these histories before variations existed:
+# (prompt, seed, parent_id, edit), n=8 for A and n=6 for B.
+EXPECTED_A = [
+    ("a small very red circle on the left, bold", 22, "c1", "strengthen:red"),
+    (f"{GOAL}, clear", 33, "c2", "add:clear"),
+    (f"{GOAL}, bold", 512828232, "c1", "seed"),
+    (f"{GOAL}, bold", 640752042, "c1", "seed"),
+    (GOAL, 1781576833, None, "seed"),
+    (f"{GOAL}, bold", 86768341, "c1", "seed"),
+    (f"{GOAL}, bold", 1264273141, "c1", "seed"),
+    (GOAL, 162290599, None, "seed"),
+]
+EXPECTED_B = [
+    (f"{GOAL}, bold, red", 1, "c1", "add:red"),
+    ("a very small red circle on the left", 1, "c0", "strengthen:small"),
+    ("on the left, bold, a small red circle", 1, "c1", "reorder"),
+    (f"{GOAL}, bold", 512828232, "c1", "seed"),
+    (f"{GOAL}, bold", 640752042, "c1", "seed"),
+    (GOAL, 1781576833, None, "seed"),
+]
+
+
+def _structure(p):  # noqa: ANN001,ANN202
+    return [(d.prompt, d.seed, d.parent_id, d.edit) for d in p.candidates]
+
+
+def test_without_a_variation_share_proposals_are_unchanged() -> None:
+    s = spec(GOAL)
+    for reviser in (SearchReviser(), SearchReviser(variation_share=0.0)):
+        a = reviser.propose(ctx(s, HISTORY_A, n=8))
+        b = reviser.propose(ctx(s, HISTORY_B, n=6))
+        assert _structure(a) == EXPECTED_A and _structure(b) == EXPECTED_B
+        drafts = a.candidates + b.candidates
+        assert all(d.variation_seed is None and d.variation_strength == 0.0 for d in drafts)
+        assert "variation_share" not in a.notes
+
+
+def test_half_the_slots_go_to_variations_of_the_best_candidate() -> None:
+    s = spec(GOAL)
+    reviser = SearchReviser(variation_share=0.5)
+    p = reviser.propose(ctx(s, HISTORY_A, n=8))
+    assert _structure(p) == _structure(reviser.propose(ctx(s, HISTORY_A, n=8)))  # deterministic
+    variations, others = p.candidates[:4], p.candidates[4:]
+    best = HISTORY_A[1]
+    for d in variations:
+        assert (d.prompt, d.seed, d.negative_prompt, d.parent_id) == (best.prompt, 22, "", "c1")
+        assert d.variation_strength == 0.35 and d.edit == "variation:0.35"
+    variation_seeds = {d.variation_seed for d in variations}
+    assert len(variation_seeds) == 4 and None not in variation_seeds
+    assert all(d.variation_seed is None and d.edit and "variation" not in d.edit for d in others)
+    # the other half is split as it would be without variations: a quarter of it on edits
+    assert sum(d.edit != "seed" for d in others) == 1
+    assert p.notes["edits"][:4] == ["variation:0.35"] * 4 and p.notes["variation_share"] == 0.5
+
+
+def test_variations_are_not_duplicates_of_their_parent_but_are_of_each_other() -> None:
+    s = spec(GOAL)
+    reviser = SearchReviser(variation_share=0.5, variation_strength=0.2)
+    first = reviser.propose(ctx(s, HISTORY_A, n=4)).candidates[:2]
+    taken = first[0].variation_seed
+    done = replace(
+        cand(3, first[0].prompt, 22, 0.5, parent="c1", edit="variation:0.2"),
+        params={"variation_seed": taken, "variation_strength": 0.2},
+    )
+    again = reviser.propose(ctx(s, [*HISTORY_A, done], n=4)).candidates[:2]
+    assert [d.edit for d in again] == ["variation:0.2"] * 2
+    assert taken not in {d.variation_seed for d in again}
+    assert len({d.variation_seed for d in again}) == 2
+
+
+def test_variation_gains_are_their_own_kind_and_not_prompt_edits() -> None:
+    s = spec(GOAL)
+    varied = replace(
+        cand(1, GOAL, 1, 0.9, parent="c0", edit="variation:0.35"),
+        params={"variation_seed": 9, "variation_strength": 0.35},
+    )
+    c = ctx(s, [cand(0, GOAL, 1, 0.5), varied])
+    assert dict(_edit_gains(c)) == {"variation": [pytest.approx(0.4)]}
+    assert SearchReviser()._edit_share(c) == 0.25  # no prompt edit scored yet
+    # an edit of a variation keeps the variation's noise
+    edit = SearchReviser()._edit(c, varied, ["add"], random.Random(0), set())
+    assert edit is not None and edit.prompt != GOAL
+    assert (edit.seed, edit.variation_seed, edit.variation_strength) == (1, 9, 0.35)
+
+
+def test_variation_settings_are_checked() -> None:
+    bad = ({"variation_share": 1.5}, {"variation_share": -0.1}, {"variation_strength": 0.0})
+    for kwargs in (*bad, {"variation_strength": float("nan")}):
+        with pytest.raises(ValueError, match="variation_"):
+            SearchReviser(**kwargs)
