@@ -6,7 +6,8 @@ and a ``FluxTransformer2DModel``. Here all are small:
 
 - one word-level tokenizer over the world's vocabulary (``tokenizers``, wrapped as
   ``PreTrainedTokenizerFast``), used for both text encoders;
-- CLIPTextModel and T5EncoderModel of width 64, two layers each;
+- CLIPTextModel (the pooled vector) and T5EncoderModel (the token sequence the transformer
+  attends to), width 64, two layers each;
 - AutoencoderKL with two levels (2x downsampling): 32x32x3 images become 16x16x4 latents,
   which the pipeline packs 2x2 into 64 tokens of 16 channels;
 - FluxTransformer2DModel with 2 double-stream and 4 single-stream blocks, width 128.
@@ -27,11 +28,17 @@ from transformers import (
 
 from engine.shapes import world
 
-TEXT_LENGTH = 40
-"""Tokens per prompt for both text encoders (the longest world caption is well under this)."""
+TEXT_LENGTH = 32
+"""Tokens per prompt for both text encoders, ``<s>`` and ``</s>`` included. 99.9% of the world's
+captions fit (the longest, with prefix and background, are 33); the rest are cut at the end.
+Every token costs: the transformer attends over 64 image + 32 text tokens in every block."""
 
 PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<s>", "</s>"
 TEXT_WIDTH = 64
+"""Width of the CLIP text encoder (its pooled vector conditions the transformer's norms)."""
+T5_WIDTH = 64
+"""Width of the T5 encoder, whose token sequence the transformer attends to."""
+T5_LAYERS = 2
 LATENT_CHANNELS = 4
 
 
@@ -64,8 +71,10 @@ def build_tokenizer(max_length: int = TEXT_LENGTH) -> PreTrainedTokenizerFast:
     )
 
 
-def build_text_encoders(vocab_size: int) -> tuple[CLIPTextModel, T5EncoderModel]:
-    """Random-initialized CLIPTextModel (pooled at ``</s>``) and T5EncoderModel, width 64."""
+def build_text_encoders(
+    vocab_size: int, text_length: int = TEXT_LENGTH
+) -> tuple[CLIPTextModel, T5EncoderModel]:
+    """Random-initialized CLIPTextModel (pooled at ``</s>``, width 64) and T5EncoderModel."""
     clip = CLIPTextModel(
         CLIPTextConfig(
             vocab_size=vocab_size,
@@ -73,7 +82,7 @@ def build_text_encoders(vocab_size: int) -> tuple[CLIPTextModel, T5EncoderModel]
             intermediate_size=4 * TEXT_WIDTH,
             num_hidden_layers=2,
             num_attention_heads=4,
-            max_position_embeddings=TEXT_LENGTH,
+            max_position_embeddings=text_length,
             projection_dim=TEXT_WIDTH,
             pad_token_id=0,
             bos_token_id=2,
@@ -83,10 +92,10 @@ def build_text_encoders(vocab_size: int) -> tuple[CLIPTextModel, T5EncoderModel]
     t5 = T5EncoderModel(
         T5Config(  # type: ignore[call-arg]  # extra keys go through **kwargs
             vocab_size=vocab_size,
-            d_model=TEXT_WIDTH,
+            d_model=T5_WIDTH,
             d_kv=16,
-            d_ff=4 * TEXT_WIDTH,
-            num_layers=2,
+            d_ff=4 * T5_WIDTH,
+            num_layers=T5_LAYERS,
             num_heads=4,
             relative_attention_num_buckets=16,
             relative_attention_max_distance=64,
@@ -129,7 +138,7 @@ def build_transformer() -> FluxTransformer2DModel:
         num_single_layers=4,
         attention_head_dim=32,
         num_attention_heads=4,
-        joint_attention_dim=TEXT_WIDTH,
+        joint_attention_dim=T5_WIDTH,
         pooled_projection_dim=TEXT_WIDTH,
         guidance_embeds=False,
         axes_dims_rope=(8, 12, 12),

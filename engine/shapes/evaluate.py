@@ -31,9 +31,11 @@ def generate(
     cfg: float = 1.0,
     seed: int = 0,
     batch: int = 100,
-    max_sequence_length: int = 40,
+    max_sequence_length: int | None = None,
 ) -> np.ndarray:
     """uint8 NHWC samples, one per prompt, from a FluxPipeline (noise seeded per batch)."""
+    if max_sequence_length is None:  # the length the model was trained at
+        max_sequence_length = int(pipe.tokenizer_2.model_max_length)
     out = []
     for start in range(0, len(prompts), batch):
         chunk = prompts[start : start + batch]
