@@ -95,7 +95,7 @@ def evaluate(n_goals: int, objects: int, budgets: list[int], settings: Settings,
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="12 goals per kind (under 5 minutes)")
+    parser.add_argument("--quick", action="store_true", help="8 goals per kind (under 5 minutes)")
     parser.add_argument("--goals", type=int, default=50, help="held-out goals per kind")
     parser.add_argument("--budgets", default="8,16")
     parser.add_argument("--model", default="shapes")
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> dict:
         from agentloop.revisers import REVISERS, SearchReviser
 
         REVISERS["search"] = SearchReviser(args.variation_share, args.variation_strength)
-    n_goals = 12 if args.quick else args.goals
+    n_goals = 8 if args.quick else args.goals
     budgets = [int(b) for b in args.budgets.split(",")]
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
