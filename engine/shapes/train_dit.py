@@ -85,21 +85,11 @@ def evaluate(
     """Checker accuracy of one sample per held-out goal (canonical text) at the shipped
     sampling defaults (true CFG against the empty prompt)."""
     from engine.shapes import checker
+    from engine.shapes.evaluate import generate
 
     pipe.set_progress_bar_config(disable=True)
     goals = world.heldout_goals(n, objects=objects, seed=seed)
-    images = pipe(
-        prompt=[g.text for g in goals],
-        negative_prompt=[""] * n,
-        true_cfg_scale=DEFAULTS["true_cfg_scale"],
-        height=world.IMAGE_SIZE,
-        width=world.IMAGE_SIZE,
-        num_inference_steps=steps,
-        max_sequence_length=int(pipe.tokenizer_2.model_max_length),
-        generator=torch.Generator().manual_seed(seed),
-        output_type="np",
-    ).images
-    images = (np.clip(images, 0, 1) * 255).round().astype(np.uint8)
+    images = generate(pipe, [g.text for g in goals], steps, DEFAULTS["true_cfg_scale"], seed)
     return checker.accuracy(images, [g.objects for g in goals])
 
 
