@@ -290,6 +290,9 @@ class CandidateDraft:
     """Seed of a second noise blended into ``seed``'s initial noise (None: no variation)."""
     variation_strength: float = 0.0
     """How far toward ``variation_seed``'s noise, in [0, 1]; 0 is ``seed``'s own noise."""
+    regions: tuple[tuple[str, float, float], ...] = ()
+    """A layout, (prompt, x, y) per region: each region's prompt draws the area nearest its
+    anchor (x, y in [0, 1] from the top-left). Empty: ``prompt`` draws the whole image."""
 
     @property
     def has_variation(self) -> bool:

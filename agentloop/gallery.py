@@ -53,12 +53,21 @@ def write_output(state: GoalState, artifacts_dir: Path, out: Path) -> dict[str, 
             "prompt": c.prompt, "seed": c.seed, "edit": c.edit, "clip_score": c.clip_score,
             "part_scores": c.part_scores, "image": image, "worker": c.worker,
             "attempts": c.attempts, "timings": c.timings, "error": c.error,
+            "regions": c.params.get("regions", []),
         })
     data = summary(state, out)
     data["candidates"] = rows
     (out / "summary.json").write_text(json.dumps(data, indent=2))
     (out / "index.html").write_text(_html(data))
     return data
+
+
+def _label(row: dict[str, Any]) -> str:
+    """A candidate's edit, marked "layout" when it was drawn from one."""
+    label = row["edit"] or ""
+    if row.get("regions") and label != "layout":
+        label = f"{label} · layout" if label else "layout"
+    return label
 
 
 def _html(data: dict[str, Any]) -> str:
@@ -72,7 +81,7 @@ def _html(data: dict[str, Any]) -> str:
         cls = "cand best" if r["id"] == best_id else "cand"
         cells.setdefault(r["iteration"], []).append(
             f'<figure class="{cls}">{img}<figcaption><b>{score}</b> · seed {r["seed"]}'
-            f'<br>{esc(r["prompt"])}<br><i>{esc(r["edit"] or "")}</i></figcaption></figure>'
+            f'<br>{esc(r["prompt"])}<br><i>{esc(_label(r))}</i></figcaption></figure>'
         )
     sections = "".join(
         f"<h2>Iteration {i}</h2><div class=grid>{''.join(cs)}</div>" for i, cs in sorted(cells.items())

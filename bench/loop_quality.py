@@ -7,6 +7,11 @@ For each held-out goal (one-object and two-object) and each budget N:
 and the checker (image analysis, no neural network) says whether every requested attribute
 holds in the chosen image. Prints a table; the last line is one JSON object.
 
+The budget counts generations (images). A candidate drawn from a layout costs one denoiser
+pass per region, so the loop may spend more compute than N plain samples: the table gives
+the loop's denoiser passes per goal and (b) again at that compute, best-of-M with M the
+loop's mean passes rounded up.
+
     python bench/loop_quality.py            # full run
     python bench/loop_quality.py --quick    # small run, under 5 minutes
 """
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import tempfile
 import time
@@ -49,10 +55,10 @@ def sample_baselines(
 
 
 def run_loops(store: Store, settings: Settings, residency: Residency, texts: list[str],
-              budget: int) -> list[tuple[Image.Image, int]]:
+              budget: int) -> list[tuple[Image.Image, int, int]]:
     """agentloop's default loop on each goal, all goals side by side in one embedded runtime.
 
-    Returns each goal's best image and the generations it used.
+    Returns each goal's best image, the generations it used and their denoiser passes.
     """
     specs = [check_goal(GoalRequest(goal=t, budget=budget, seed=i), settings) for i, t in enumerate(texts)]
     dispatcher, _ctx = embedded_runtime(store, settings, residency)
@@ -71,31 +77,42 @@ def run_loops(store: Store, settings: Settings, residency: Residency, texts: lis
         state = store.get_state(goal_id)
         best = next(c for c in state.candidates if c.id == state.goal.best_candidate_id)
         image = Image.open(settings.resolved_artifacts_dir() / best.artifact_uri).convert("RGB")
-        out.append((image, state.goal.generations_reserved))
+        passes = sum(max(1, len(c.params.get("regions", ()))) for c in state.candidates)
+        out.append((image, state.goal.generations_reserved, passes))
     return out
 
 
 def evaluate(n_goals: int, objects: int, budgets: list[int], settings: Settings,
              residency: Residency, store: Store, seed: int) -> dict[str, float]:
     goals = world.heldout_goals(n_goals, objects=objects, seed=seed + objects)
-    spec0 = check_goal(GoalRequest(goal=goals[0].text), settings)
-    samples, scores = sample_baselines(residency, spec0, goals, max(budgets))
-    judged = [[checker.check(im, g.objects).all_ok for im in ims] for g, ims in zip(goals, samples, strict=True)]
-    out: dict[str, float] = {"single": sum(j[0] for j in judged) / n_goals}
+    out: dict[str, float] = {}
     for n in budgets:
-        picks = [max(range(n), key=lambda k, s=s: s[k]) for s in scores]
-        out[f"best_of_{n}"] = sum(j[p] for j, p in zip(judged, picks, strict=True)) / n_goals
         loops = run_loops(store, settings, residency, [g.text for g in goals], n)
         out[f"loop_{n}"] = sum(checker.check(im, g.objects).all_ok
-                               for (im, _), g in zip(loops, goals, strict=True)) / n_goals
-        out[f"loop_{n}_mean_generations"] = sum(used for _, used in loops) / n_goals
+                               for (im, _, _), g in zip(loops, goals, strict=True)) / n_goals
+        out[f"loop_{n}_mean_generations"] = sum(used for _, used, _ in loops) / n_goals
+        out[f"loop_{n}_mean_passes"] = sum(passes for _, _, passes in loops) / n_goals
+    matched = {n: max(n, math.ceil(out[f"loop_{n}_mean_passes"] - 1e-9)) for n in budgets}
+    spec0 = check_goal(GoalRequest(goal=goals[0].text), settings)
+    samples, scores = sample_baselines(residency, spec0, goals, max(matched.values()))
+    judged = [[checker.check(im, g.objects).all_ok for im in ims] for g, ims in zip(goals, samples, strict=True)]
+    out["single"] = sum(j[0] for j in judged) / n_goals
+
+    def best_of(m: int) -> float:
+        picks = [max(range(m), key=lambda k, s=s: s[k]) for s in scores]
+        return sum(j[p] for j, p in zip(judged, picks, strict=True)) / n_goals
+
+    for n in budgets:
+        out[f"best_of_{n}"] = best_of(n)
+        out[f"best_of_{n}_at_loop_passes"] = best_of(matched[n])
+        out[f"loop_{n}_passes_matched_m"] = matched[n]
         print(f"  {objects}-object goals, N={n}: {out}", file=sys.stderr, flush=True)
     return out
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="8 goals per kind (under 5 minutes)")
+    parser.add_argument("--quick", action="store_true", help="6 goals per kind (under 5 minutes)")
     parser.add_argument("--goals", type=int, default=50, help="held-out goals per kind")
     parser.add_argument("--budgets", default="8,16")
     parser.add_argument("--model", default="shapes")
@@ -113,7 +130,7 @@ def main(argv: list[str] | None = None) -> dict:
         from agentloop.revisers import REVISERS, SearchReviser
 
         REVISERS["search"] = SearchReviser(args.variation_share, args.variation_strength)
-    n_goals = 8 if args.quick else args.goals
+    n_goals = 6 if args.quick else args.goals
     budgets = [int(b) for b in args.budgets.split(",")]
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
@@ -132,14 +149,19 @@ def main(argv: list[str] | None = None) -> dict:
     elapsed = time.perf_counter() - t0
     print(f"\nSuccess rate judged by the exact checker (all requested attributes right), "
           f"{n_goals} held-out goals per kind, model {args.model}, scorer {args.scorer}\n")
-    header = f"{'goal kind':<10} {'N':>3} {'(a) single':>11} {'(b) best-of-N':>14} {'(c) loop':>9} {'(c)-(b)':>8} {'loop gens':>10}"
+    header = (f"{'goal kind':<10} {'N':>3} {'(a) single':>11} {'(b) best-of-N':>14} {'(c) loop':>9} "
+              f"{'(c)-(b)':>8} {'loop gens':>10} {'loop passes':>12} {'(b) best-of-M':>14}")
     print(header)
     print("-" * len(header))
     for kind, r in results.items():
         for n in budgets:
+            m = r[f"loop_{n}_passes_matched_m"]
             print(f"{kind:<10} {n:>3} {r['single']:>11.2f} {r[f'best_of_{n}']:>14.2f} "
                   f"{r[f'loop_{n}']:>9.2f} {r[f'loop_{n}'] - r[f'best_of_{n}']:>+8.2f} "
-                  f"{r[f'loop_{n}_mean_generations']:>10.1f}")
+                  f"{r[f'loop_{n}_mean_generations']:>10.1f} {r[f'loop_{n}_mean_passes']:>12.1f} "
+                  f"{r[f'best_of_{n}_at_loop_passes']:>9.2f} M={m:<3}")
+    print("\nloop passes: denoiser passes per goal (a layout candidate costs one per region); "
+          "best-of-M: (b) with M = the loop's passes rounded up, at equal compute.")
     figures = {"bench": "loop_quality", "goals_per_kind": n_goals, "budgets": budgets,
                "variation_share": args.variation_share,
                "variation_strength": args.variation_strength if args.variation_share else None,

@@ -18,6 +18,7 @@ Scorers:
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import zlib
 from collections.abc import Iterable
@@ -133,6 +134,29 @@ def resolve_model(name: str, extra_models: Iterable[str] = ()) -> ModelSpec | No
     if name in set(extra_models) and _looks_like_hub_id(name):
         return ModelSpec(name, ModelSource.HUB, name)
     return None
+
+
+LAYOUT_PIPELINES = frozenset({"FluxPipeline"})
+"""Pipeline classes the runner can draw layouts (regions) with."""
+
+
+def draws_layouts(name: str, extra_models: Iterable[str] = ()) -> bool:
+    """Whether the runner can draw layouts (``GenerationRequest.regions``) with this model.
+
+    Known without loading it for the presets, ``shapes`` and local folders (from their
+    ``model_index.json``); a hub id's pipeline class is unknown until it is downloaded, so
+    it counts as False here.
+    """
+    spec = resolve_model(name, extra_models)
+    if spec is None or spec.source is ModelSource.HUB:
+        return False
+    if spec.source is ModelSource.LOCAL:
+        try:
+            index = json.loads((Path(spec.location) / "model_index.json").read_text())
+        except (OSError, ValueError):
+            return False
+        return isinstance(index, dict) and index.get("_class_name") in LAYOUT_PIPELINES
+    return spec.pipeline_class in LAYOUT_PIPELINES
 
 
 def is_known_model(name: str, extra_models: Iterable[str] = ()) -> bool:

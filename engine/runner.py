@@ -8,6 +8,12 @@ A request with a variation (``variation_seed`` and a ``variation_strength`` abov
 from a blend of its seed's noise and the variation seed's noise. A batch holding one is given
 its initial noise built here, drawn exactly as the pipeline would draw it, so the plain
 requests of that batch get the very images they get without it.
+
+A request with ``regions`` (a layout) runs as one pipeline row per region, every row from the
+request's own noise; after each step the rows are blended by ``engine.regions`` weights, so
+each region's prompt draws the area nearest its anchor. Layouts run on Flux pipelines, whose
+flow-matching Euler step is linear in the model output (so blending after the step is
+blending the predictions).
 """
 
 from __future__ import annotations
@@ -24,7 +30,8 @@ from diffusers import DiffusionPipeline, FluxPipeline, StableDiffusionPipeline
 
 from engine.config import EngineConfig
 from engine.loading import load_pipeline
-from engine.types import GenerationRequest, GenerationResult
+from engine.regions import region_weights
+from engine.types import MAX_REGIONS, GenerationRequest, GenerationResult
 
 TEXT_CACHE_SIZE = 4096
 """Most texts whose embeddings the runner keeps (least recently used are dropped)."""
@@ -142,8 +149,27 @@ class Runner:
             problems.append(f"variation_seed {request.variation_seed} outside [0, 2**64)")
         if request.has_variation and not isinstance(self.pipe, _VARIATION_PIPELINES):
             problems.append(f"variations are not supported for {type(self.pipe).__name__}")
+        if request.regions:
+            problems += self._layout_problems(request)
         if problems:
             raise ValueError(f"invalid request {request.prompt!r}: " + "; ".join(problems))
+
+    def _layout_problems(self, request: GenerationRequest) -> list[str]:
+        problems = []
+        if not isinstance(self.pipe, FluxPipeline):
+            problems.append(f"regions are supported for FluxPipeline only, not {type(self.pipe).__name__}")
+        elif getattr(self.pipe.scheduler.config, "stochastic_sampling", False):
+            problems.append("regions need a deterministic scheduler (stochastic_sampling is on)")
+        if len(request.regions) > MAX_REGIONS:
+            problems.append(f"{len(request.regions)} regions; at most {MAX_REGIONS}")
+        for k, region in enumerate(request.regions):
+            if not region.prompt.strip():
+                problems.append(f"region {k} has an empty prompt")
+            for name in ("x", "y"):
+                value = getattr(region, name)
+                if not (isinstance(value, int | float) and math.isfinite(value) and 0 <= value <= 1):
+                    problems.append(f"region {k} {name} {value!r} is not a number in [0, 1]")
+        return problems
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
         """Generate one image per request; results come back in request order."""
@@ -159,18 +185,27 @@ class Runner:
         return [r for r in results if r is not None]
 
     def _batches(self, requests: Sequence[GenerationRequest]) -> list[list[int]]:
-        """Indices grouped by batch key (first-seen order), cut to at most max_batch."""
-        size = max(self.config.max_batch, 1) if self.config.batching else 1
+        """Indices grouped by batch key (first-seen order), cut to at most max_batch pipeline
+        rows (a layout takes one row per region)."""
+        rows = max(self.config.max_batch, 1) if self.config.batching else 1
         groups: dict[tuple[Any, ...], list[int]] = {}
         for i, request in enumerate(requests):
             groups.setdefault(request.batch_key(), []).append(i)
-        return [idx[s : s + size] for idx in groups.values() for s in range(0, len(idx), size)]
+        out = []
+        for idx in groups.values():
+            size = max(1, rows // requests[idx[0]].denoiser_passes)
+            out += [idx[s : s + size] for s in range(0, len(idx), size)]
+        return out
 
     def _run_batch(self, batch: list[GenerationRequest]) -> list[GenerationResult]:
         """One pipeline call for requests that share a batch key."""
         first = batch[0]
+        if first.regions:
+            return self._run_layout_batch(batch)
         start = time.perf_counter()
-        text_kwargs = self._text_kwargs(batch)
+        text_kwargs = self._text_kwargs(
+            [r.prompt for r in batch], [r.negative_prompt for r in batch], first.guidance
+        )
         encode_s = time.perf_counter() - start
         kwargs = self._call_kwargs(first) | text_kwargs
         start = time.perf_counter()
@@ -194,6 +229,60 @@ class Runner:
         return [
             GenerationResult(r, img, dict(timings)) for r, img in zip(batch, images, strict=True)
         ]
+
+    def _run_layout_batch(self, batch: list[GenerationRequest]) -> list[GenerationResult]:
+        """One pipeline call for layouts of as many regions: one row per region, blended after
+        every step, and one decode per request."""
+        first, k = batch[0], len(batch[0].regions)
+        start = time.perf_counter()
+        text_kwargs = self._text_kwargs(
+            [region.prompt for r in batch for region in r.regions],
+            [r.negative_prompt for r in batch for _ in range(k)],
+            first.guidance,
+        )
+        encode_s = time.perf_counter() - start
+        start = time.perf_counter()
+        generators = [torch.Generator("cpu").manual_seed(r.seed) for r in batch]
+        noise = self._initial_noise(batch, generators, self._noise_dtype(text_kwargs))
+        rows, cols = self._noise_shape(first)[1] // 2, self._noise_shape(first)[2] // 2
+        weights = torch.stack([region_weights(r.regions, rows, cols) for r in batch])
+        weights = weights.reshape(len(batch), k, rows * cols, 1).to(noise.device, noise.dtype)
+
+        def blend(_pipe: Any, _i: int, _t: Any, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+            latents = tensors["latents"]
+            per_request = latents.reshape(len(batch), k, *latents.shape[1:])
+            mixed = (per_request * weights.to(latents.dtype)).sum(dim=1)
+            return {"latents": mixed.repeat_interleave(k, dim=0)}
+
+        latents = self.pipe(
+            height=first.height,
+            width=first.width,
+            num_inference_steps=first.steps,
+            latents=noise.repeat_interleave(k, dim=0),
+            output_type="latent",
+            callback_on_step_end=blend,
+            callback_on_step_end_tensor_inputs=["latents"],
+            **(self._call_kwargs(first) | text_kwargs),
+        ).images[::k]
+        images = self._decode_flux(latents, first.height, first.width)
+        denoise_s = time.perf_counter() - start
+        n = len(batch)
+        timings = {
+            "encode_s": encode_s / n, "denoise_s": denoise_s / n, "batch_size": float(n),
+            "regions": float(k),
+        }
+        return [
+            GenerationResult(r, img, dict(timings)) for r, img in zip(batch, images, strict=True)
+        ]
+
+    def _decode_flux(self, latents: torch.Tensor, height: int, width: int) -> list[Any]:
+        """Packed Flux latents to PIL images, as the pipeline's own last step does."""
+        pipe = self.pipe
+        with torch.no_grad():
+            unpacked = pipe._unpack_latents(latents, height, width, pipe.vae_scale_factor)
+            unpacked = unpacked / pipe.vae.config.scaling_factor + pipe.vae.config.shift_factor
+            image = pipe.vae.decode(unpacked.to(pipe.vae.device, pipe.vae.dtype), return_dict=False)[0]
+        return list(pipe.image_processor.postprocess(image, output_type="pil"))
 
     def _initial_noise(
         self, batch: list[GenerationRequest], generators: list[torch.Generator], dtype: torch.dtype
@@ -254,19 +343,21 @@ class Runner:
     def _flux_max_sequence_length(self) -> int:
         return min(512, int(self.pipe.tokenizer_2.model_max_length))
 
-    def _text_kwargs(self, batch: list[GenerationRequest]) -> dict[str, Any]:
+    def _text_kwargs(
+        self, prompts: list[str], negative_prompts: list[str], guidance: float
+    ) -> dict[str, Any]:
         """Prompts as text, or as cached embeddings when the text-embedding cache is on."""
-        cfg = batch[0].guidance > 1.0  # guidance 1: the pipeline skips the negative branch
+        cfg = guidance > 1.0  # guidance 1: the pipeline skips the negative branch
         cacheable = isinstance(self.pipe, FluxPipeline | StableDiffusionPipeline)
         if not (self.config.text_embedding_cache and cacheable):
-            kwargs: dict[str, Any] = {"prompt": [r.prompt for r in batch]}
+            kwargs: dict[str, Any] = {"prompt": prompts}
             if cfg:
-                kwargs["negative_prompt"] = [r.negative_prompt for r in batch]
+                kwargs["negative_prompt"] = negative_prompts
             return kwargs
-        positive = [self._embed(r.prompt) for r in batch]
+        positive = [self._embed(p) for p in prompts]
         kwargs = self._embedding_kwargs("", positive)
         if cfg:
-            negative = [self._embed(r.negative_prompt) for r in batch]
+            negative = [self._embed(p) for p in negative_prompts]
             kwargs |= self._embedding_kwargs("negative_", negative)
         return kwargs
 

@@ -7,6 +7,22 @@ from typing import Any
 
 from PIL import Image
 
+MAX_REGIONS = 8
+"""Most regions one request may lay out (each costs one denoiser pass per step)."""
+
+
+@dataclass(frozen=True)
+class Region:
+    """One part of a layout: ``prompt`` rules the area of the image nearest its anchor.
+
+    The anchor (``x``, ``y``) is in [0, 1], from the top-left corner: (0.25, 0.5) is the middle
+    of the left half.
+    """
+
+    prompt: str
+    x: float
+    y: float
+
 
 @dataclass(frozen=True)
 class GenerationRequest:
@@ -25,15 +41,26 @@ class GenerationRequest:
     variation_strength: float = 0.0
     """How far the initial noise moves from ``seed``'s noise toward ``variation_seed``'s, in
     [0, 1] along a spherical interpolation: 0 is ``seed``'s noise, 1 is ``variation_seed``'s."""
+    regions: tuple[Region, ...] = ()
+    """A layout: each region's prompt rules the area nearest its anchor (regional prompting).
+    Empty: ``prompt`` rules the whole image. With regions, ``prompt`` names the whole image
+    (what it is scored against) and is not itself generated from; each denoising step costs
+    one denoiser pass per region."""
 
     @property
     def has_variation(self) -> bool:
         """Whether this request's initial noise differs from the plain noise of its seed."""
         return self.variation_seed is not None and self.variation_strength > 0
 
-    def batch_key(self) -> tuple[int, int, int, float, str]:
-        """Requests with equal keys can run as one batch (variations batch with plain requests)."""
-        return (self.width, self.height, self.steps, self.guidance, self.model)
+    @property
+    def denoiser_passes(self) -> int:
+        """Denoiser passes per step (per guidance branch): one, or one per region."""
+        return max(1, len(self.regions))
+
+    def batch_key(self) -> tuple[int, int, int, float, str, int]:
+        """Requests with equal keys can run as one batch (variations batch with plain requests;
+        layouts batch with layouts of as many regions)."""
+        return (self.width, self.height, self.steps, self.guidance, self.model, len(self.regions))
 
 
 @dataclass

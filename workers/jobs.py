@@ -9,14 +9,18 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agentloop.dispatch import Dispatcher, dispatch_generation
 from agentloop.domain import CandidateStatus, CandidateView, split_parts
 from agentloop.orchestrator import Policy, advance
 from agentloop.settings import Settings
 from agentloop.store import Store
-from engine.types import GenerationRequest, ScoreRequest
+from engine.types import GenerationRequest, Region, ScoreRequest
 from workers.residency import Residency
+
+if TYPE_CHECKING:
+    from engine.runner import Runner
 
 log = logging.getLogger(__name__)
 
@@ -81,12 +85,15 @@ def _generate_and_record(ctx: WorkerContext, claimed: list[CandidateView]) -> li
     by_model: dict[tuple[str, str], list[CandidateView]] = {}
     for c in claimed:
         by_model.setdefault((c.params["model"], c.params["scorer"]), []).append(c)
-    for (model, scorer), group in by_model.items():
-        requests = [_request(c) for c in group]
-        score_requests = [ScoreRequest(texts[c.goal_id], split_parts(texts[c.goal_id])) for c in group]
+    for (model, scorer), claimed_group in by_model.items():
         with residency.lock:
+            runner = residency.runner(model)
+            group, requests = _refuse_invalid(ctx, runner, claimed_group)
+            if not group:
+                continue
+            score_requests = [ScoreRequest(texts[c.goal_id], split_parts(texts[c.goal_id])) for c in group]
             t0 = time.perf_counter()
-            results = residency.runner(model).generate(requests)
+            results = runner.generate(requests)
             t1 = time.perf_counter()
             scores = residency.scorer(scorer).score([r.image for r in results], score_requests)
             t2 = time.perf_counter()
@@ -102,6 +109,27 @@ def _generate_and_record(ctx: WorkerContext, claimed: list[CandidateView]) -> li
     return done
 
 
+def _refuse_invalid(
+    ctx: WorkerContext, runner: Runner, group: list[CandidateView]
+) -> tuple[list[CandidateView], list[GenerationRequest]]:
+    """The candidates the runner can serve, with their requests. Each one it refuses (a layout
+    for a model that cannot draw one, say) fails at once with the runner's reason: retrying
+    the same request cannot help, and it must not take its batch neighbours down with it."""
+    kept: list[CandidateView] = []
+    requests: list[GenerationRequest] = []
+    for c in group:
+        request = _request(c)
+        try:
+            runner.validate(request)
+        except ValueError as exc:
+            log.warning("candidate %s refused: %s", c.id, exc)
+            ctx.store.release_candidate(c.id, ctx.worker_name, f"ValueError: {exc}", max_attempts=0)
+            continue
+        kept.append(c)
+        requests.append(request)
+    return kept, requests
+
+
 def _goal_text(ctx: WorkerContext, goal_id: str) -> str:
     goal = ctx.store.get_goal(goal_id)
     if goal is None:
@@ -110,14 +138,17 @@ def _goal_text(ctx: WorkerContext, goal_id: str) -> str:
 
 
 def _request(c: CandidateView) -> GenerationRequest:
-    """The engine request for a stored candidate; params without a variation mean none."""
+    """The engine request for a stored candidate; params without a variation or regions mean
+    none."""
     variation_seed = c.params.get("variation_seed")
+    regions = tuple(Region(str(p), float(x), float(y)) for p, x, y in c.params.get("regions", ()))
     return GenerationRequest(
         prompt=c.prompt, seed=c.seed, negative_prompt=c.negative_prompt,
         width=int(c.params["width"]), height=int(c.params["height"]),
         steps=int(c.params["steps"]), guidance=float(c.params["guidance"]), model=c.params["model"],
         variation_seed=None if variation_seed is None else int(variation_seed),
         variation_strength=float(c.params.get("variation_strength", 0.0)),
+        regions=regions,
     )
 
 

@@ -39,9 +39,8 @@ class Residency:
         self, config: EngineConfig | None = None, extra_models: tuple[str, ...] = (),
         capacity: int = 2,
     ):
-        from engine.scorer import Scorer
-
         from engine.runner import Runner
+        from engine.scorer import Scorer
 
         self.config = config or EngineConfig()
         self.lock = threading.Lock()

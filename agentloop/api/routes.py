@@ -87,6 +87,9 @@ def add_iteration(
             negative_prompt=p.negative_prompt if p.negative_prompt is not None
             else goal.spec["negative_prompt"],
             edit="external",
+            variation_seed=p.variation_seed,
+            variation_strength=p.variation_strength,
+            regions=tuple((r.prompt, r.x, r.y) for r in p.regions),
         )
         for i, p in enumerate(body.prompts)
     ]

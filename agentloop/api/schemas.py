@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentloop.domain import CandidateView, GoalState, GoalView, IterationView
+from engine.types import MAX_REGIONS
 
 SCORE_SCALE = "CLIPScore = 2.5 * max(cos, 0), Hessel et al. 2021; range 0 to 2.5"
 
@@ -96,6 +97,16 @@ class GoalOut(BaseModel):
         )
 
 
+class RegionIn(BaseModel):
+    """One region of a layout: its prompt draws the area nearest its anchor (x, y)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: str = Field(min_length=1, max_length=2000)
+    x: float = Field(ge=0, le=1, description="anchor, 0 = left edge, 1 = right edge")
+    y: float = Field(ge=0, le=1, description="anchor, 0 = top edge, 1 = bottom edge")
+
+
 class PromptIn(BaseModel):
     """One prompt an external reviser supplies."""
 
@@ -104,6 +115,17 @@ class PromptIn(BaseModel):
     prompt: str = Field(min_length=1, max_length=2000)
     seed: int | None = Field(default=None, ge=0, lt=2**63)
     negative_prompt: str | None = None
+    variation_seed: int | None = Field(
+        default=None, ge=0, lt=2**63,
+        description="blend this seed's initial noise into the seed's (with variation_strength)",
+    )
+    variation_strength: float = Field(default=0.0, ge=0, le=1)
+    regions: list[RegionIn] = Field(
+        default_factory=list, max_length=MAX_REGIONS,
+        description="a layout: each region's prompt draws the area nearest its anchor; the "
+        "image is still scored against the goal. Costs one denoiser pass per region. "
+        "Flux-family models only.",
+    )
 
 
 class IterationIn(BaseModel):

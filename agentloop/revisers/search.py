@@ -8,6 +8,7 @@ import re
 from collections import defaultdict
 
 from agentloop.domain import CandidateDraft, CandidateView
+from agentloop.layout import LayoutPlan, plan_layout
 from agentloop.revisers.base import Proposal, ReviserContext, derive_seed, objective
 
 # Generic descriptive modifiers a prompt may gain or lose besides the goal's own words.
@@ -19,9 +20,14 @@ PREPOSITIONS = frozenset("on in at to of with behind beside under above near bel
 EDIT_KINDS = ("emphasize", "reorder", "add", "strengthen", "drop")
 VARIATION = "variation"
 """The kind of a candidate that keeps its parent's prompt and seed and perturbs its noise."""
+LAYOUT = "layout"
+"""The kind of a first-iteration candidate drawn from a layout of the goal's parts."""
 
-Identity = tuple[str, int, int | None, float]
-"""What makes two candidates the same image: prompt, seed, variation seed and strength."""
+Template = tuple[str, LayoutPlan]
+"""What a candidate draws apart from its noise: its prompt and its layout (() for none)."""
+
+Identity = tuple[str, int, int | None, float, LayoutPlan]
+"""What makes two candidates the same image: prompt, seed, variation seed and strength, layout."""
 
 
 def goal_modifiers(parts: tuple[str, ...], text: str) -> list[str]:
@@ -47,28 +53,43 @@ class SearchReviser:
     parent's seed so the edit is what changes. Edit kinds that beat their parents before are
     picked more often. With a ``variation_share``, that share of the slots first goes to noise
     variations of the best candidate (same prompt and seed, slightly perturbed noise).
+
+    A goal whose parts each name a distinct position ("a red circle on the left and a blue
+    square at the top"), for a model that can draw layouts, gets a layout: the first iteration spends ``layout_share`` of its slots
+    on candidates that draw each part in its own region (see ``agentloop.layout``), the rest on
+    the plain goal text. From then on layouts and plain prompts compete on score like any
+    prompt: the best are reseeded and varied, keeping their layout; prompt edits apply to
+    plain prompts only.
     """
 
     name = "search"
 
-    def __init__(self, variation_share: float = 0.0, variation_strength: float = 0.35) -> None:
+    def __init__(
+        self,
+        variation_share: float = 0.0,
+        variation_strength: float = 0.35,
+        layout_share: float = 0.5,
+    ) -> None:
         """``variation_share``: the share of each iteration's slots (after the first) spent on
         noise variations of the best candidate; 0 proposes none. ``variation_strength``: how
-        far, in (0, 1], each variation's noise moves toward its variation seed's noise."""
-        if not (math.isfinite(variation_share) and 0 <= variation_share <= 1):
-            raise ValueError(f"variation_share {variation_share} is not in [0, 1]")
+        far, in (0, 1], each variation's noise moves toward its variation seed's noise.
+        ``layout_share``: the share of the first iteration's slots drawn from the goal's
+        layout, when it has one (rounded half up); 0 never lays a goal out."""
+        for name, value in (("variation_share", variation_share), ("layout_share", layout_share)):
+            if not (math.isfinite(value) and 0 <= value <= 1):
+                raise ValueError(f"{name} {value} is not in [0, 1]")
         if not (math.isfinite(variation_strength) and 0 < variation_strength <= 1):
             raise ValueError(f"variation_strength {variation_strength} is not in (0, 1]")
         self.variation_share = variation_share
         self.variation_strength = variation_strength
+        self.layout_share = layout_share
 
     def propose(self, ctx: ReviserContext) -> Proposal:
         rng = random.Random(derive_seed(ctx.spec.seed, ctx.iteration, 0, salt=7))
         used = {_identity_of(c) for c in ctx.history}
         ranked = ctx.scored()
         if not ranked:
-            first = self._reseeds(ctx, [ctx.spec.goal], ctx.n, used, parent=None)
-            return Proposal(first, {"strategy": "seeds", "reason": "no scored candidates yet"})
+            return self._first(ctx, used)
         weights = self._edit_weights(ctx)
         best = ranked[0]
         drafts: list[CandidateDraft] = []
@@ -77,18 +98,19 @@ class SearchReviser:
             drafts += _variations(ctx, best, n_variations, self.variation_strength, used)
         rest = ctx.n - len(drafts)  # split between edits and reseeds as without variations
         n_edits = round(rest * self._edit_share(ctx))
-        parents = _unique_prompts(ranked)[: max(1, min(3, rest))]
+        parents = _unique_templates(ranked)[: max(1, min(3, rest))]
         kinds = sorted(EDIT_KINDS, key=lambda k: -weights[k] * (0.5 + rng.random()))
         if ctx.parts and weights["emphasize"] >= 1.0:
             kinds.remove("emphasize")  # a weak part is the first thing to work on
             kinds.insert(0, "emphasize")
-        for i in range(n_edits):
-            parent = parents[i % len(parents)]
+        editable = [p for p in parents if not _layout_of(p)]  # edits rewrite one prompt
+        for i in range(n_edits if editable else 0):
+            parent = editable[i % len(editable)]
             draft = self._edit(ctx, parent, kinds[i % len(kinds):] + kinds[: i % len(kinds)], rng, used)
             if draft:
                 drafts.append(draft)
-        reseed_prompts = [p.prompt for p in parents for _ in range(len(parents) - parents.index(p))]
-        drafts += self._reseeds(ctx, reseed_prompts, ctx.n - len(drafts), used, parent=best)
+        reseed_templates = [_template_of(p) for p in parents for _ in range(len(parents) - parents.index(p))]
+        drafts += self._reseeds(ctx, reseed_templates, ctx.n - len(drafts), used, parent=best)
         notes: dict[str, object] = {
             "strategy": "search",
             "best_so_far": {"id": best.id, "prompt": best.prompt, "objective": objective(best, ctx.parts)},
@@ -99,21 +121,38 @@ class SearchReviser:
             notes["variation_share"] = self.variation_share
         return Proposal(drafts, notes)
 
+    def _first(self, ctx: ReviserContext, used: set[Identity]) -> Proposal:
+        """The first iteration: fresh seeds of the goal text, and of its layout if it has one."""
+        plan = None
+        if self.layout_share > 0 and _draws_layouts(ctx.spec.model):
+            plan = plan_layout(ctx.parts)
+        n_layout = math.floor(ctx.n * self.layout_share + 0.5) if plan else 0
+        drafts = self._reseeds(ctx, [(ctx.spec.goal, ())], ctx.n - n_layout, used, parent=None)
+        notes: dict[str, object] = {"strategy": "seeds", "reason": "no scored candidates yet"}
+        if plan:
+            drafts += self._reseeds(
+                ctx, [(ctx.spec.goal, plan)], n_layout, used, parent=None, edit=LAYOUT, salt=1000
+            )
+            notes["layout"] = [list(region) for region in plan]
+        return Proposal(drafts, notes)
+
     def _reseeds(
-        self, ctx: ReviserContext, prompts: list[str], n: int, used: set[Identity],
-        parent: CandidateView | None,
+        self, ctx: ReviserContext, templates: list[Template], n: int, used: set[Identity],
+        parent: CandidateView | None, edit: str = "seed", salt: int = 0,
     ) -> list[CandidateDraft]:
         drafts: list[CandidateDraft] = []
-        salt = 0
         while len(drafts) < n:
-            prompt = prompts[len(drafts) % len(prompts)]
+            prompt, layout = templates[len(drafts) % len(templates)]
             seed = derive_seed(ctx.spec.seed, ctx.iteration, len(drafts), salt)
             salt += 1
-            if _identity(prompt, seed) in used:
+            identity = _identity(prompt, seed, regions=layout)
+            if identity in used:
                 continue
-            used.add(_identity(prompt, seed))
-            pid = parent.id if parent and parent.prompt == prompt else None
-            drafts.append(CandidateDraft(prompt, seed, ctx.spec.negative_prompt, pid, "seed"))
+            used.add(identity)
+            pid = parent.id if parent and _template_of(parent) == (prompt, layout) else None
+            drafts.append(
+                CandidateDraft(prompt, seed, ctx.spec.negative_prompt, pid, edit, regions=layout)
+            )
         return drafts
 
     def _edit_share(self, ctx: ReviserContext) -> float:
@@ -148,7 +187,7 @@ class SearchReviser:
         The edit keeps the parent's noise (its seed, and its variation if it has one), so the
         prompt is what changes.
         """
-        _, _, variation_seed, strength = _identity_of(parent)
+        _, _, variation_seed, strength, _ = _identity_of(parent)
         for kind in kinds:
             options = _edits_of(kind, ctx, parent)
             rng.shuffle(options)
@@ -168,20 +207,29 @@ class SearchReviser:
         return None
 
 
+def _draws_layouts(model: str) -> bool:
+    """Whether the goal's model can draw a layout (the catalog knows without loading it)."""
+    from engine.catalog import draws_layouts  # lazily, as the domain's model checks do
+
+    return draws_layouts(model)
+
+
 def _variations(
     ctx: ReviserContext, parent: CandidateView, n: int, strength: float, used: set[Identity]
 ) -> list[CandidateDraft]:
-    """`n` noise variations of `parent`: its prompt and seed, each with its own variation seed.
+    """`n` noise variations of `parent`: its prompt, layout and seed, each with its own
+    variation seed.
 
     A parent that is itself a variation gets siblings: the engine blends one variation seed
     into the seed's noise, so these start again from the parent's seed.
     """
     drafts: list[CandidateDraft] = []
     salt = 11
+    layout = _layout_of(parent)
     while len(drafts) < n:
         variation_seed = derive_seed(ctx.spec.seed, ctx.iteration, len(drafts), salt=salt)
         salt += 1
-        identity = _identity(parent.prompt, parent.seed, variation_seed, strength)
+        identity = _identity(parent.prompt, parent.seed, variation_seed, strength, layout)
         if variation_seed == parent.seed or identity in used:
             continue
         used.add(identity)
@@ -194,24 +242,35 @@ def _variations(
                 f"{VARIATION}:{strength:g}",
                 variation_seed=variation_seed,
                 variation_strength=strength,
+                regions=layout,
             )
         )
     return drafts
 
 
 def _identity(
-    prompt: str, seed: int, variation_seed: int | None = None, strength: float = 0.0
+    prompt: str, seed: int, variation_seed: int | None = None, strength: float = 0.0,
+    regions: LayoutPlan = (),
 ) -> Identity:
     """The image a candidate stands for; a variation of strength 0 is its plain seed."""
     if variation_seed is None or strength <= 0:
-        return (prompt, seed, None, 0.0)
-    return (prompt, seed, int(variation_seed), float(strength))
+        return (prompt, seed, None, 0.0, regions)
+    return (prompt, seed, int(variation_seed), float(strength), regions)
+
+
+def _layout_of(c: CandidateView) -> LayoutPlan:
+    """A stored candidate's layout, from its params (() for none)."""
+    return tuple((str(p), float(x), float(y)) for p, x, y in c.params.get("regions", ()))
+
+
+def _template_of(c: CandidateView) -> Template:
+    return (c.prompt, _layout_of(c))
 
 
 def _identity_of(c: CandidateView) -> Identity:
-    """A stored candidate's identity; its variation, if any, is in its params."""
+    """A stored candidate's identity; its variation and layout, if any, are in its params."""
     strength = float(c.params.get("variation_strength", 0.0))
-    return _identity(c.prompt, c.seed, c.params.get("variation_seed"), strength)
+    return _identity(c.prompt, c.seed, c.params.get("variation_seed"), strength, _layout_of(c))
 
 
 def _edit_gains(ctx: ReviserContext) -> dict[str, list[float]]:
@@ -229,12 +288,13 @@ def _edit_gains(ctx: ReviserContext) -> dict[str, list[float]]:
     return gains
 
 
-def _unique_prompts(ranked: list[CandidateView]) -> list[CandidateView]:
-    seen: set[str] = set()
+def _unique_templates(ranked: list[CandidateView]) -> list[CandidateView]:
+    """The best candidate of each template (prompt and layout), best first."""
+    seen: set[Template] = set()
     out = []
     for c in ranked:
-        if c.prompt not in seen:
-            seen.add(c.prompt)
+        if _template_of(c) not in seen:
+            seen.add(_template_of(c))
             out.append(c)
     return out
 

@@ -100,6 +100,23 @@ def test_seeds_and_negative_prompts_are_kept(api: TestClient, store: Store) -> N
     assert b.negative_prompt == "" and b.seed >= 0
 
 
+def test_layouts_and_variations_are_kept(api: TestClient, store: Store) -> None:
+    goal_id = waiting_goal(api, store)
+    regions = [{"prompt": "a red circle", "x": 0.25, "y": 0.5}, {"prompt": "a box", "x": 1, "y": 0}]
+    r = api.post(f"/v1/goals/{goal_id}/iterations", json={"prompts": [
+        {"prompt": "a red circle and a box", "seed": 3, "regions": regions},
+        {"prompt": "a red circle", "seed": 3, "variation_seed": 9, "variation_strength": 0.3},
+    ]})
+    assert r.status_code == 201, r.text
+    laid_out, varied = store.list_candidates(goal_id)
+    assert laid_out.params["regions"] == [["a red circle", 0.25, 0.5], ["a box", 1.0, 0.0]]
+    assert "variation_seed" not in laid_out.params
+    assert (varied.params["variation_seed"], varied.params["variation_strength"]) == (9, 0.3)
+    assert "regions" not in varied.params
+    shown = api.get(f"/v1/goals/{goal_id}/candidates").json()
+    assert shown[0]["params"]["regions"][1] == ["a box", 1.0, 0.0]
+
+
 def test_prompts_for_a_search_goal_and_closing_a_pending_one_are_409(api: TestClient, store: Store) -> None:
     goal_id = api.post("/v1/goals", json={"goal": "a red circle", "budget": 4}).json()["id"]
     r = post_prompts(api, goal_id, "mine")
@@ -114,6 +131,14 @@ BAD_BODIES = [
     ({"prompts": ["a bare string"]}, "prompts.0"),
     ({"prompts": [{"prompt": "x", "steps": 3}]}, "prompts.0.steps"),
     ({"prompts": [{"prompt": "x", "seed": -1}]}, "prompts.0.seed"),
+    ({"prompts": [{"prompt": "x", "variation_strength": 1.5}]}, "prompts.0.variation_strength"),
+    ({"prompts": [{"prompt": "x", "regions": [{"prompt": "a", "x": 1.2, "y": 0}]}]},
+     "prompts.0.regions.0.x"),
+    ({"prompts": [{"prompt": "x", "regions": [{"prompt": "", "x": 0, "y": 0}]}]},
+     "prompts.0.regions.0.prompt"),
+    ({"prompts": [{"prompt": "x", "regions": [{"prompt": "a", "x": 0}]}]}, "prompts.0.regions.0.y"),
+    ({"prompts": [{"prompt": "x", "regions": [{"prompt": "a", "x": 0, "y": 0}] * 9}]},
+     "prompts.0.regions"),
     ({}, "prompts"),
 ]
 

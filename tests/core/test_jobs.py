@@ -42,6 +42,9 @@ class FailingOnce(Residency):
         self.failed = True
 
         class Boom:
+            def validate(self, request):  # noqa: ANN001,ANN202
+                real.validate(request)
+
             def generate(self, requests):  # noqa: ANN001,ANN202
                 raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
@@ -95,3 +98,24 @@ def test_a_failed_generation_is_retried_without_spending_budget(
     assert goal.status is GoalStatus.DONE and goal.generations_reserved == 2
     assert all(c.attempts == 2 and c.status is CandidateStatus.SUCCEEDED
                for c in ctx.store.list_candidates(goal_id))
+
+
+def test_a_request_the_engine_refuses_fails_alone_and_at_once(
+    db_url: str, settings, residency: Residency  # noqa: ANN001
+) -> None:
+    from agentloop.domain import CandidateDraft
+    from agentloop.orchestrator import submit_iteration
+
+    ctx = ctx_for(db_url, settings, residency)
+    goal_id = make_goal(ctx.store, settings, reviser="external", budget=2, steps=2, model="tiny-unet")
+    layout = (("a red circle", 0.25, 0.5), ("a blue square", 0.75, 0.5))
+    drafts = [CandidateDraft("a red circle", 1, regions=layout), CandidateDraft("a red circle", 2)]
+    decision = submit_iteration(ctx.store, goal_id, drafts)
+    assert decision is not None
+    refused, plain = ctx.store.list_candidates(goal_id)
+    assert generate_job(ctx, decision.dispatch) == [plain.id]
+    refused, plain = ctx.store.list_candidates(goal_id)
+    assert plain.status is CandidateStatus.SUCCEEDED
+    assert refused.status is CandidateStatus.FAILED and refused.attempts == 1
+    assert "regions are supported for FluxPipeline only" in refused.error
+    assert ctx.dispatcher.generations == []  # nothing re-dispatched: a retry cannot help

@@ -71,7 +71,7 @@ def cluster(pg_empty_url: str, tmp_path: Path) -> Iterator[tuple[str, str, dict[
     finally:
         for p in procs.values():
             p.terminate()
-        for name, p in procs.items():
+        for p in procs.values():
             try:
                 p.wait(timeout=30)
             except subprocess.TimeoutExpired:

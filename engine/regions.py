@@ -1,0 +1,37 @@
+"""Regional prompting: how much each region's prompt rules each latent position.
+
+A layout request is denoised as one batch row per region, all rows starting from the same
+noise. After every scheduler step the rows are replaced by one blend, each position taking
+its regions' latents in proportion to these weights (MultiDiffusion, Bar-Tal et al. 2023).
+For a deterministic first-order flow-matching step, which is linear in the model output,
+blending the stepped latents equals stepping once with the blended prediction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from engine.types import Region
+
+SOFTNESS = 0.01
+"""Squared distance (in image widths) over which a region's weight falls off by e at a
+border between two anchors: small enough that each region keeps the area nearest its anchor,
+large enough to blend the seam over about one latent position."""
+
+
+def region_weights(regions: Sequence[Region], rows: int, cols: int) -> torch.Tensor:
+    """(len(regions), rows, cols) weights, summing to 1 over the regions at every position.
+
+    Position (i, j) is the cell centre ((j + 0.5) / cols, (i + 0.5) / rows); each region's
+    weight there is a softmax of its anchor's negative squared distance over ``SOFTNESS``,
+    so the nearest anchor dominates and two anchors share the cells on their border.
+    """
+    if not regions:
+        raise ValueError("a layout needs at least one region")
+    ys = (torch.arange(rows, dtype=torch.float64) + 0.5) / rows
+    xs = (torch.arange(cols, dtype=torch.float64) + 0.5) / cols
+    yy, xx = torch.meshgrid(ys, xs, indexing="ij")
+    dist = torch.stack([(xx - r.x) ** 2 + (yy - r.y) ** 2 for r in regions])
+    return torch.softmax(-dist / SOFTNESS, dim=0).float()
