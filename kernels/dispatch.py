@@ -15,14 +15,21 @@ Forcing a path, for tests and benchmarks:
 - ``force="torch"`` / ``forced("torch")`` runs the torch reference.
 
 ``CALLS`` counts calls per (op, path), so a caller can see which path actually ran.
+
+A kernel that fails on the automatic path (it does not compile for this GPU, say) is not
+fatal: the call falls back to the torch reference, the op is recorded in ``BROKEN`` with the
+error, a warning is logged once, and later calls of that op go straight to the reference.
+A forced Triton path still raises.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from typing import TypeVar
 
 import torch
 
@@ -48,6 +55,16 @@ MAX_NORM_DIM = 8192
 
 CALLS: Counter[tuple[str, str]] = Counter()
 """Calls per (op, path) since import; tests and the engine read it, ``CALLS.clear()`` resets."""
+
+AUTO_TRITON_DEVICES: tuple[str, ...] = ("cuda",)
+"""Device types on which the automatic path picks a Triton kernel whose constraints hold."""
+
+BROKEN: dict[str, str] = {}
+"""Ops whose Triton kernel failed on the automatic path, with the error; they run the torch
+reference from then on (``BROKEN.clear()`` lets them try again)."""
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _FORCED: ContextVar[str | None] = ContextVar("kernels_forced_path", default=None)
 
@@ -89,16 +106,37 @@ def _common_blocker(
     return f"device {device} is neither cuda nor cpu"
 
 
-def _use_triton(op: str, force: str | None, blocker: str | None, device: torch.device) -> bool:
-    """Pick the path: forced one (raising if Triton is forced but blocked), else Triton on CUDA."""
+def _dispatch(
+    op: str,
+    force: str | None,
+    blocker: str | None,
+    device: torch.device,
+    triton_fn: Callable[[], T],
+    torch_fn: Callable[[], T],
+) -> T:
+    """Run the forced path (raising if Triton is forced but blocked), else Triton on CUDA when
+    its constraints hold and it has not failed before, else the torch reference."""
     path = force or _FORCED.get()
     if path is not None and path not in PATHS:
         raise ValueError(f"force must be one of {PATHS}, not {path!r}")
     if path == "triton" and blocker is not None:
         raise ValueError(f"{op}: Triton path forced but not possible: {blocker}")
-    use = path == "triton" or (path is None and blocker is None and device.type == "cuda")
-    CALLS[(op, "triton" if use else "torch")] += 1
-    return use
+    auto = path is None and blocker is None and device.type in AUTO_TRITON_DEVICES
+    if path == "triton" or (auto and op not in BROKEN):
+        if path == "triton":
+            CALLS[(op, "triton")] += 1
+            return triton_fn()
+        try:
+            result = triton_fn()
+        except Exception as exc:  # noqa: BLE001 - any kernel failure: keep serving on torch
+            BROKEN[op] = f"{type(exc).__name__}: {exc}"
+            log.warning("Triton kernel %s failed; using its torch reference from now on: %s",
+                        op, BROKEN[op])
+        else:
+            CALLS[(op, "triton")] += 1
+            return result
+    CALLS[(op, "torch")] += 1
+    return torch_fn()
 
 
 def _adaln_blocker(
@@ -140,9 +178,11 @@ def adaln(
     elementwise ``weight``/``bias`` (D,).
     """
     blocker = _adaln_blocker(x, [shift, scale], norm, weight, bias)
-    if _use_triton("adaln", force, blocker, x.device):
-        return _adaln.adaln_triton(x, shift, scale, norm=norm, eps=eps, weight=weight, bias=bias)
-    return _adaln.adaln_torch(x, shift, scale, norm=norm, eps=eps, weight=weight, bias=bias)
+    return _dispatch(
+        "adaln", force, blocker, x.device,
+        lambda: _adaln.adaln_triton(x, shift, scale, norm=norm, eps=eps, weight=weight, bias=bias),
+        lambda: _adaln.adaln_torch(x, shift, scale, norm=norm, eps=eps, weight=weight, bias=bias),
+    )
 
 
 def gated_adaln(
@@ -163,12 +203,10 @@ def gated_adaln(
     if blocker is None and residual.shape != y.shape:
         blocker = "residual and y differ in shape"
     blocker = blocker or _common_blocker([residual, y], CUDA_DTYPES)
-    if _use_triton("gated_adaln", force, blocker, y.device):
-        return _adaln.gated_adaln_triton(
-            residual, gate, y, shift, scale, norm=norm, eps=eps, weight=weight, bias=bias
-        )
-    return _adaln.gated_adaln_torch(
-        residual, gate, y, shift, scale, norm=norm, eps=eps, weight=weight, bias=bias
+    return _dispatch(
+        "gated_adaln", force, blocker, y.device,
+        lambda: _adaln.gated_adaln_triton(residual, gate, y, shift, scale, norm=norm, eps=eps, weight=weight, bias=bias),
+        lambda: _adaln.gated_adaln_torch(residual, gate, y, shift, scale, norm=norm, eps=eps, weight=weight, bias=bias),
     )
 
 
@@ -182,9 +220,11 @@ def gated_residual(
         blocker = "gate must be (batch, dim)"
     else:
         blocker = _common_blocker([residual, gate, y], CUDA_DTYPES)
-    if _use_triton("gated_residual", force, blocker, residual.device):
-        return _adaln.gated_residual_triton(residual, gate, y)
-    return _adaln.gated_residual_torch(residual, gate, y)
+    return _dispatch(
+        "gated_residual", force, blocker, residual.device,
+        lambda: _adaln.gated_residual_triton(residual, gate, y),
+        lambda: _adaln.gated_residual_torch(residual, gate, y),
+    )
 
 
 def _activation_blocker(x: torch.Tensor, approximate: str, gated: bool) -> str | None:
@@ -200,9 +240,11 @@ def _activation_blocker(x: torch.Tensor, approximate: str, gated: bool) -> str |
 def gelu(x: torch.Tensor, *, approximate: str = "tanh", force: str | None = None) -> torch.Tensor:
     """GELU, ``approximate`` "tanh" (default) or "none" (exact erf), any shape."""
     blocker = _activation_blocker(x, approximate, gated=False)
-    if _use_triton("gelu", force, blocker, x.device):
-        return _act.gelu_triton(x, approximate=approximate)
-    return _act.gelu_torch(x, approximate=approximate)
+    return _dispatch(
+        "gelu", force, blocker, x.device,
+        lambda: _act.gelu_triton(x, approximate=approximate),
+        lambda: _act.gelu_torch(x, approximate=approximate),
+    )
 
 
 def gelu_tanh(x: torch.Tensor, *, force: str | None = None) -> torch.Tensor:
@@ -213,9 +255,11 @@ def gelu_tanh(x: torch.Tensor, *, force: str | None = None) -> torch.Tensor:
 def geglu(x: torch.Tensor, *, approximate: str = "none", force: str | None = None) -> torch.Tensor:
     """diffusers' GEGLU after its projection: ``hidden * gelu(gate)``, ``hidden, gate = x.chunk(2, -1)``."""
     blocker = _activation_blocker(x, approximate, gated=True)
-    if _use_triton("geglu", force, blocker, x.device):
-        return _act.geglu_triton(x, approximate=approximate)
-    return _act.geglu_torch(x, approximate=approximate)
+    return _dispatch(
+        "geglu", force, blocker, x.device,
+        lambda: _act.geglu_triton(x, approximate=approximate),
+        lambda: _act.geglu_torch(x, approximate=approximate),
+    )
 
 
 def _attention_blocker(
@@ -252,6 +296,8 @@ def attention(
     The torch path runs the same quantized math (``attention_int8_torch``), not plain SDPA.
     """
     blocker = _attention_blocker(q, k, v, key_padding_mask)
-    if _use_triton("attention", force, blocker, q.device):
-        return _attn.attention_int8_triton(q, k, v, key_padding_mask=key_padding_mask, scale=scale)
-    return _attn.attention_int8_torch(q, k, v, key_padding_mask=key_padding_mask, scale=scale)
+    return _dispatch(
+        "attention", force, blocker, q.device,
+        lambda: _attn.attention_int8_triton(q, k, v, key_padding_mask=key_padding_mask, scale=scale),
+        lambda: _attn.attention_int8_torch(q, k, v, key_padding_mask=key_padding_mask, scale=scale),
+    )

@@ -31,7 +31,9 @@ SETTLED = frozenset({"done", "failed", "waiting"})
 GoalRef = str | Goal
 """A goal id, or a goal the server returned."""
 PromptLike = str | Mapping[str, Any]
-"""A prompt, or a mapping with `prompt` and optionally `seed` and `negative_prompt`."""
+"""A prompt, or a mapping with `prompt` and optionally `seed`, `negative_prompt`,
+`variation_seed` and `variation_strength`, and `regions` (a layout: a list of mappings with
+`prompt`, `x` and `y`); see `POST /v1/goals/{id}/iterations`."""
 
 _CANDIDATES = TypeAdapter(list[Candidate])
 _GOALS = TypeAdapter(list[Goal])

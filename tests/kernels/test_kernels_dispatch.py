@@ -93,6 +93,33 @@ def test_unsupported_shapes_fall_back_without_force() -> None:
     assert out.shape == q.shape and dispatch.CALLS == {("attention", "torch"): 1}
 
 
+def test_a_failing_kernel_falls_back_to_its_reference_once_and_for_all(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A kernel that fails on the automatic path (on a GPU: one that does not compile there)
+    is replaced by its torch reference for good, with the reason recorded; a forced Triton
+    path still raises. Here the CPU stands in for CUDA as an automatic Triton device and the
+    kernel is made to fail, since no GPU is at hand."""
+    monkeypatch.setattr(dispatch, "AUTO_TRITON_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(dispatch, "BROKEN", {})
+    monkeypatch.setattr(dispatch, "_common_blocker", lambda tensors, dtypes: None)
+    attempts = []
+
+    def fails(*args, **kwargs):  # noqa: ANN002,ANN003,ANN202
+        attempts.append(1)
+        raise RuntimeError("PTX compile failed for sm_90")
+
+    monkeypatch.setattr(dispatch._adaln, "adaln_triton", fails)
+    x, shift, scale = _adaln_inputs()
+    for _ in range(2):
+        assert torch.equal(kernels.adaln(x, shift, scale), adaln_torch(x, shift, scale))
+    assert len(attempts) == 1  # tried once, then never again
+    assert dispatch.BROKEN == {"adaln": "RuntimeError: PTX compile failed for sm_90"}
+    assert dispatch.CALLS == {("adaln", "torch"): 2}
+    with pytest.raises(RuntimeError, match="PTX compile failed"):
+        kernels.adaln(x, shift, scale, force="triton")
+
+
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
 @pytest.mark.gpu
 def test_cuda_picks_triton_when_constraints_hold() -> None:

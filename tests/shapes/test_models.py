@@ -119,3 +119,17 @@ def test_short_generation_is_judged_by_the_checker(pipe) -> None:
     # chance: color 1/8, position 1/5, all four attributes 1/400; measured at 20 steps
     # on 200 goals: color 0.995, position 1.00, all 0.705 (docs/models.md)
     assert acc["color"] >= 0.75 and acc["position"] >= 0.75 and acc["all"] >= 0.3, acc
+
+
+def test_evaluate_lays_each_object_out_at_its_anchor() -> None:
+    from engine.shapes.evaluate import layout_of
+    from engine.types import Region
+
+    objects = [
+        {"color": "red", "shape": "circle", "size": "small", "position": "left"},
+        {"color": "blue", "shape": "ring", "size": "large", "position": "top"},
+    ]
+    assert layout_of(objects) == (
+        Region("a small red circle on the left", 0.25, 0.5),
+        Region("a large blue ring at the top", 0.5, 0.25),
+    )
