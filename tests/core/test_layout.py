@@ -50,7 +50,7 @@ def test_plan_needs_two_placed_parts_in_distinct_places() -> None:
 
 def test_first_iteration_splits_between_the_goal_text_and_its_layout() -> None:
     s = spec(TWO, seed=3)
-    p = SearchReviser().propose(ctx(s, [], n=4, iteration=0))
+    p = SearchReviser(layout_share=0.5).propose(ctx(s, [], n=4, iteration=0))
     plain = [d for d in p.candidates if not d.regions]
     laid_out = [d for d in p.candidates if d.regions]
     assert len(plain) == len(laid_out) == 2
@@ -59,7 +59,11 @@ def test_first_iteration_splits_between_the_goal_text_and_its_layout() -> None:
     assert len({d.seed for d in laid_out}) == 2
     assert p.notes["layout"] == [list(r) for r in PLAN]
     # n = 1 rounds half up: the one slot goes to the layout
-    assert [d.regions for d in SearchReviser().propose(ctx(s, [], n=1, iteration=0)).candidates] == [PLAN]
+    one = SearchReviser(layout_share=0.5).propose(ctx(s, [], n=1, iteration=0)).candidates
+    assert [d.regions for d in one] == [PLAN]
+    # by default every slot of the first iteration goes to the layout
+    default = SearchReviser().propose(ctx(s, [], n=4, iteration=0)).candidates
+    assert [d.regions for d in default] == [PLAN] * 4 and len({d.seed for d in default}) == 4
 
 
 def test_no_layout_without_a_plan_a_model_that_draws_one_or_a_share() -> None:
