@@ -7,7 +7,7 @@ Then, for mixes of k layout and S - k plain samples drawn at random from those, 
 image the loop's objective ranks first is right. Prints a table; the last line is one JSON
 object.
 
-    python bench/layout_mix.py             # 40 goals, 8 + 8 samples each (about 4 minutes)
+    python bench/layout_mix.py             # 40 goals, 8 + 8 samples each (about 6 minutes)
     python bench/layout_mix.py --goals 8   # a quick look
 """
 
