@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import re
 
+MAX_REGIONS = 8
+"""Most regions a layout may have: the engine's limit (``engine.types.MAX_REGIONS``), kept
+here too so that the API and SDK validate without importing the engine."""
+
 Anchor = tuple[float, float]
 """(x, y) in [0, 1] from the top-left corner."""
 
@@ -36,8 +40,9 @@ def anchor_of(part: str) -> Anchor | None:
 
 
 def plan_layout(parts: tuple[str, ...]) -> LayoutPlan | None:
-    """A layout for a goal of two or more parts, each naming its own position; else None."""
-    if len(parts) < 2:
+    """A layout for a goal of two to ``MAX_REGIONS`` parts, each naming its own position;
+    else None."""
+    if not 2 <= len(parts) <= MAX_REGIONS:
         return None
     anchors = [anchor_of(p) for p in parts]
     if any(a is None for a in anchors) or len(set(anchors)) < len(anchors):

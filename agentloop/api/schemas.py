@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentloop.domain import CandidateView, GoalState, GoalView, IterationView
-from engine.types import MAX_REGIONS
+from agentloop.layout import MAX_REGIONS
 
 SCORE_SCALE = "CLIPScore = 2.5 * max(cos, 0), Hessel et al. 2021; range 0 to 2.5"
 

@@ -41,11 +41,22 @@ def test_anchor_of_reads_position_words(part: str, anchor: tuple[float, float] |
     assert anchor_of(part) == anchor
 
 
+def test_the_api_allows_as_many_regions_as_the_engine() -> None:
+    from agentloop import layout
+    from engine import types
+
+    assert layout.MAX_REGIONS == types.MAX_REGIONS
+
+
 def test_plan_needs_two_placed_parts_in_distinct_places() -> None:
     assert plan_layout(split_parts(TWO)) == PLAN
     assert plan_layout(("a red circle on the left",)) is None  # one part: nothing to lay out
     assert plan_layout(("a red circle on the left", "a blue square")) is None
     assert plan_layout(("a red circle on the left", "a blue square to the left")) is None
+    nine = tuple(f"a dot at the {v} {h}".replace("  ", " ") for v in ("top", "", "bottom")
+                 for h in ("left", "center", "right"))
+    assert len({anchor_of(p) for p in nine}) == 9
+    assert plan_layout(nine) is None and plan_layout(nine[:8]) is not None  # at most 8 regions
 
 
 def test_first_iteration_splits_between_the_goal_text_and_its_layout() -> None:

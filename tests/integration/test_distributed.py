@@ -95,6 +95,9 @@ def _wait_healthy(base: str, procs: dict[str, subprocess.Popen], logs: Path) -> 
     raise AssertionError("the API did not become healthy")
 
 
+LAYOUT = [["a red circle on the left", 0.25, 0.5], ["a blue square on the right", 0.75, 0.5]]
+
+
 def test_goal_completes_through_http_and_rows_tell_the_story(cluster) -> None:  # noqa: ANN001
     base, db_url, pids = cluster
     body = {"goal": "a red circle on the left and a blue square on the right", "budget": 6,
@@ -126,8 +129,10 @@ def test_goal_completes_through_http_and_rows_tell_the_story(cluster) -> None:  
     for c in state.candidates:
         assert c.status.value == "succeeded" and c.attempts == 1
         assert c.prompt and c.seed >= 0
+        # both parts name their place: the search reviser draws every candidate from the layout
         assert c.params == {"model": "tiny-dit", "scorer": "tiny-clip", "width": 32, "height": 32,
-                            "steps": 2, "guidance": 1.0}
+                            "steps": 2, "guidance": 1.0, "regions": LAYOUT}
+        assert c.timings["regions"] == 2.0
         assert c.worker is not None and c.worker.endswith(":" + pids["gen"])  # the gen process
         assert c.timings["generate_batch_s"] > 0 and c.timings["score_s"] > 0
         assert 0.0 <= c.clip_score <= 2.5 and len(c.part_scores) == 2
