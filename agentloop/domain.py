@@ -200,6 +200,10 @@ def check_goal(data: dict[str, Any] | GoalRequest, settings: Settings) -> GoalSp
     )
 
 
+Layout = tuple[tuple[str, float, float], ...]
+"""A layout: (prompt, x, y) per region, the anchor in [0, 1] from the top-left corner."""
+
+
 def split_parts(text: str) -> tuple[str, ...]:
     """Split a goal into the parts a score is kept for ("a red circle and a blue square")."""
     parts = [p.strip(" ,.") for p in re.split(r",?\s+and\s+|;\s*", text) if p.strip(" ,.")]
@@ -231,6 +235,22 @@ class CandidateView:
     queued_at: datetime | None
     started_at: datetime | None
     finished_at: datetime | None
+
+    @property
+    def variation_seed(self) -> int | None:
+        """Its noise variation's seed, from its params (None: no variation)."""
+        seed = self.params.get("variation_seed")
+        return None if seed is None else int(seed)
+
+    @property
+    def variation_strength(self) -> float:
+        """Its noise variation's strength, from its params (0: no variation)."""
+        return float(self.params.get("variation_strength", 0.0))
+
+    @property
+    def regions(self) -> Layout:
+        """Its layout, (prompt, x, y) per region, from its params (() for none)."""
+        return tuple((str(p), float(x), float(y)) for p, x, y in self.params.get("regions", ()))
 
 
 @dataclass
@@ -290,7 +310,7 @@ class CandidateDraft:
     """Seed of a second noise blended into ``seed``'s initial noise (None: no variation)."""
     variation_strength: float = 0.0
     """How far toward ``variation_seed``'s noise, in [0, 1]; 0 is ``seed``'s own noise."""
-    regions: tuple[tuple[str, float, float], ...] = ()
+    regions: Layout = ()
     """A layout, (prompt, x, y) per region: each region's prompt draws the area nearest its
     anchor (x, y in [0, 1] from the top-left). Empty: ``prompt`` draws the whole image."""
 
@@ -298,6 +318,17 @@ class CandidateDraft:
     def has_variation(self) -> bool:
         """Whether this draft's initial noise differs from the plain noise of its seed."""
         return self.variation_seed is not None and self.variation_strength > 0
+
+    def noise_and_layout_params(self) -> dict[str, Any]:
+        """Its variation and layout as candidate params (what ``CandidateView`` reads back);
+        none at all for a plain draft."""
+        params: dict[str, Any] = {}
+        if self.has_variation:
+            params |= {"variation_seed": self.variation_seed,
+                       "variation_strength": self.variation_strength}
+        if self.regions:
+            params["regions"] = [[prompt, float(x), float(y)] for prompt, x, y in self.regions]
+        return params
 
 
 @dataclass

@@ -53,7 +53,7 @@ def write_output(state: GoalState, artifacts_dir: Path, out: Path) -> dict[str, 
             "prompt": c.prompt, "seed": c.seed, "edit": c.edit, "clip_score": c.clip_score,
             "part_scores": c.part_scores, "image": image, "worker": c.worker,
             "attempts": c.attempts, "timings": c.timings, "error": c.error,
-            "regions": c.params.get("regions", []),
+            "regions": [list(r) for r in c.regions],
         })
     data = summary(state, out)
     data["candidates"] = rows

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 
+from agentloop.domain import Layout
+
 MAX_REGIONS = 8
 """Most regions a layout may have: the engine's limit (``engine.types.MAX_REGIONS``), kept
 here too so that the API and SDK validate without importing the engine."""
@@ -17,8 +19,6 @@ here too so that the API and SDK validate without importing the engine."""
 Anchor = tuple[float, float]
 """(x, y) in [0, 1] from the top-left corner."""
 
-LayoutPlan = tuple[tuple[str, float, float], ...]
-"""One (part, x, y) per part of the goal."""
 
 HORIZONTAL: dict[str, float] = {"left": 0.25, "right": 0.75}
 VERTICAL: dict[str, float] = {"top": 0.25, "upper": 0.25, "bottom": 0.75, "lower": 0.75}
@@ -39,7 +39,7 @@ def anchor_of(part: str) -> Anchor | None:
     return (xs.pop() if xs else 0.5, ys.pop() if ys else 0.5)
 
 
-def plan_layout(parts: tuple[str, ...]) -> LayoutPlan | None:
+def plan_layout(parts: tuple[str, ...]) -> Layout | None:
     """A layout for a goal of two to ``MAX_REGIONS`` parts, each naming its own position;
     else None."""
     if not 2 <= len(parts) <= MAX_REGIONS:

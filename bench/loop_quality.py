@@ -77,7 +77,7 @@ def run_loops(store: Store, settings: Settings, residency: Residency, texts: lis
         state = store.get_state(goal_id)
         best = next(c for c in state.candidates if c.id == state.goal.best_candidate_id)
         image = Image.open(settings.resolved_artifacts_dir() / best.artifact_uri).convert("RGB")
-        passes = sum(max(1, len(c.params.get("regions", ()))) for c in state.candidates)
+        passes = sum(max(1, len(c.regions)) for c in state.candidates)
         out.append((image, state.goal.generations_reserved, passes))
     return out
 

@@ -244,7 +244,8 @@ class Runner:
         start = time.perf_counter()
         generators = [torch.Generator("cpu").manual_seed(r.seed) for r in batch]
         noise = self._initial_noise(batch, generators, self._noise_dtype(text_kwargs))
-        rows, cols = self._noise_shape(first)[1] // 2, self._noise_shape(first)[2] // 2
+        _, height, width = self._noise_shape(first)
+        rows, cols = height // 2, width // 2  # Flux packs 2x2 latent patches into one token
         weights = torch.stack([region_weights(r.regions, rows, cols) for r in batch])
         weights = weights.reshape(len(batch), k, rows * cols, 1).to(noise.device, noise.dtype)
 

@@ -138,17 +138,14 @@ def _goal_text(ctx: WorkerContext, goal_id: str) -> str:
 
 
 def _request(c: CandidateView) -> GenerationRequest:
-    """The engine request for a stored candidate; params without a variation or regions mean
-    none."""
-    variation_seed = c.params.get("variation_seed")
-    regions = tuple(Region(str(p), float(x), float(y)) for p, x, y in c.params.get("regions", ()))
+    """The engine request for a stored candidate, with its variation and layout if it has them."""
     return GenerationRequest(
         prompt=c.prompt, seed=c.seed, negative_prompt=c.negative_prompt,
         width=int(c.params["width"]), height=int(c.params["height"]),
         steps=int(c.params["steps"]), guidance=float(c.params["guidance"]), model=c.params["model"],
-        variation_seed=None if variation_seed is None else int(variation_seed),
-        variation_strength=float(c.params.get("variation_strength", 0.0)),
-        regions=regions,
+        variation_seed=c.variation_seed,
+        variation_strength=c.variation_strength,
+        regions=tuple(Region(*region) for region in c.regions),
     )
 
 

@@ -7,8 +7,8 @@ import random
 import re
 from collections import defaultdict
 
-from agentloop.domain import CandidateDraft, CandidateView
-from agentloop.layout import LayoutPlan, plan_layout
+from agentloop.domain import CandidateDraft, CandidateView, Layout
+from agentloop.layout import plan_layout
 from agentloop.revisers.base import Proposal, ReviserContext, derive_seed, objective
 
 # Generic descriptive modifiers a prompt may gain or lose besides the goal's own words.
@@ -23,10 +23,10 @@ VARIATION = "variation"
 LAYOUT = "layout"
 """The kind of a first-iteration candidate drawn from a layout of the goal's parts."""
 
-Template = tuple[str, LayoutPlan]
+Template = tuple[str, Layout]
 """What a candidate draws apart from its noise: its prompt and its layout (() for none)."""
 
-Identity = tuple[str, int, int | None, float, LayoutPlan]
+Identity = tuple[str, int, int | None, float, Layout]
 """What makes two candidates the same image: prompt, seed, variation seed and strength, layout."""
 
 
@@ -105,7 +105,7 @@ class SearchReviser:
         if ctx.parts and weights["emphasize"] >= 1.0:
             kinds.remove("emphasize")  # a weak part is the first thing to work on
             kinds.insert(0, "emphasize")
-        editable = [p for p in parents if not _layout_of(p)]  # edits rewrite one prompt
+        editable = [p for p in parents if not p.regions]  # edits rewrite one prompt
         for i in range(n_edits if editable else 0):
             parent = editable[i % len(editable)]
             draft = self._edit(ctx, parent, kinds[i % len(kinds):] + kinds[: i % len(kinds)], rng, used)
@@ -227,7 +227,7 @@ def _variations(
     """
     drafts: list[CandidateDraft] = []
     salt = 11
-    layout = _layout_of(parent)
+    layout = parent.regions
     while len(drafts) < n:
         variation_seed = derive_seed(ctx.spec.seed, ctx.iteration, len(drafts), salt=salt)
         salt += 1
@@ -252,7 +252,7 @@ def _variations(
 
 def _identity(
     prompt: str, seed: int, variation_seed: int | None = None, strength: float = 0.0,
-    regions: LayoutPlan = (),
+    regions: Layout = (),
 ) -> Identity:
     """The image a candidate stands for; a variation of strength 0 is its plain seed."""
     if variation_seed is None or strength <= 0:
@@ -260,19 +260,13 @@ def _identity(
     return (prompt, seed, int(variation_seed), float(strength), regions)
 
 
-def _layout_of(c: CandidateView) -> LayoutPlan:
-    """A stored candidate's layout, from its params (() for none)."""
-    return tuple((str(p), float(x), float(y)) for p, x, y in c.params.get("regions", ()))
-
-
 def _template_of(c: CandidateView) -> Template:
-    return (c.prompt, _layout_of(c))
+    return (c.prompt, c.regions)
 
 
 def _identity_of(c: CandidateView) -> Identity:
-    """A stored candidate's identity; its variation and layout, if any, are in its params."""
-    strength = float(c.params.get("variation_strength", 0.0))
-    return _identity(c.prompt, c.seed, c.params.get("variation_seed"), strength, _layout_of(c))
+    """A stored candidate's identity."""
+    return _identity(c.prompt, c.seed, c.variation_seed, c.variation_strength, c.regions)
 
 
 def _edit_gains(ctx: ReviserContext) -> dict[str, list[float]]:

@@ -16,7 +16,6 @@ from sqlalchemy import Engine, create_engine, event, func, select, text, update
 from sqlalchemy.orm import Session
 
 from agentloop.domain import (
-    CandidateDraft,
     CandidateStatus,
     CandidateView,
     Decision,
@@ -336,27 +335,13 @@ def _insert_iteration(s: Session, state: GoalState, d: Decision, now: datetime) 
             CandidateRow(
                 id=cid, goal_id=goal.id, iteration_id=iteration.id, iteration=index,
                 ordinal=ordinal, prompt=draft.prompt, negative_prompt=draft.negative_prompt,
-                seed=draft.seed, params=params | _variation_params(draft) | _layout_params(draft),
+                seed=draft.seed, params=params | draft.noise_and_layout_params(),
                 status=CandidateStatus.QUEUED.value,
                 attempts=0, part_scores={}, timings={}, parent_id=draft.parent_id,
                 edit=draft.edit, queued_at=now,
             )
         )
         d.dispatch.append(cid)
-
-
-def _variation_params(draft: CandidateDraft) -> dict[str, Any]:
-    """A draft's noise variation as candidate params; none at all for a plain draft."""
-    if not draft.has_variation:
-        return {}
-    return {"variation_seed": draft.variation_seed, "variation_strength": draft.variation_strength}
-
-
-def _layout_params(draft: CandidateDraft) -> dict[str, Any]:
-    """A draft's layout as candidate params; none at all for a draft without regions."""
-    if not draft.regions:
-        return {}
-    return {"regions": [[prompt, float(x), float(y)] for prompt, x, y in draft.regions]}
 
 
 # rows → views -------------------------------------------------------------------------
