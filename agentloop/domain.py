@@ -22,10 +22,11 @@ class GoalStatus(StrEnum):
     WAITING = "waiting"  # external reviser: waiting for the caller's next prompts
     DONE = "done"
     FAILED = "failed"
+    CANCELLED = "cancelled"
 
     @property
     def terminal(self) -> bool:
-        return self in (GoalStatus.DONE, GoalStatus.FAILED)
+        return self in (GoalStatus.DONE, GoalStatus.FAILED, GoalStatus.CANCELLED)
 
 
 class StopReason(StrEnum):
@@ -38,6 +39,7 @@ class StopReason(StrEnum):
     GENERATION_FAILED = "generation_failed"
     DISPATCH_FAILED = "dispatch_failed"
     CLOSED_BY_CALLER = "closed_by_caller"
+    CANCELLED_BY_CALLER = "cancelled_by_caller"
 
 
 class IterationStatus(StrEnum):
@@ -48,16 +50,18 @@ class IterationStatus(StrEnum):
 
 
 class CandidateStatus(StrEnum):
-    """One generation's life: queued → running → succeeded | failed (running → queued on retry)."""
+    """One generation's life: queued → running → succeeded | failed (running → queued on retry,
+    or when its lease expires); queued → cancelled when its goal is cancelled."""
 
     QUEUED = "queued"
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
+    CANCELLED = "cancelled"
 
     @property
     def terminal(self) -> bool:
-        return self in (CandidateStatus.SUCCEEDED, CandidateStatus.FAILED)
+        return self in (CandidateStatus.SUCCEEDED, CandidateStatus.FAILED, CandidateStatus.CANCELLED)
 
 
 class GoalInvalid(ValueError):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -53,20 +53,52 @@ class Settings(BaseSettings):
     max_attempts: int = 3
     """Attempts per candidate before it is marked failed."""
 
-    lease_seconds: float = 900.0
-    """A running candidate whose worker has been silent this long may be claimed again."""
+    lease_seconds: float = 30.0
+    """How long a claim on a running candidate lasts without renewal (database clock). The
+    generation worker renews it every third of this while it works; once it expires the
+    orchestrator takes the candidate back (requeued, or failed on its last attempt)."""
 
-    redispatch_after_seconds: float = 600.0
-    """A queued candidate older than this is dispatched again by the orchestrator."""
+    sweep_interval_seconds: float = 10.0
+    """How often the reconciler sweeps for lost work (Celery beat distributed, a thread of
+    the runtime embedded). A lost message costs at most about one interval."""
+
+    outbox_grace_seconds: float = 5.0
+    """A queued candidate whose message was never marked sent this long after it was queued
+    (a crash between commit and send) is sent by the sweep."""
+
+    redispatch_after_seconds: float = 60.0
+    """A queued candidate sent this long ago and still not claimed (its message lost) is sent
+    again by the sweep."""
+
+    stall_after_seconds: float = 30.0
+    """A pending or running goal with no unfinished candidate and no change for this long (its
+    next orchestrator message lost) is advanced by the sweep."""
 
     visibility_timeout: int = 3600
-    """Redis visibility timeout (s); must exceed the longest generation task."""
+    """Redis visibility timeout (s); must exceed `lease_seconds` (checked at start-up)."""
+
+    db_connect_timeout: int = 5
+    """Seconds to wait for a PostgreSQL connection before answering 503 / retrying a task."""
+
+    engine_noop: bool = False
+    """Reserved for `bench/queue.py`: workers skip denoising and CLIP (a flat image, a score
+    derived from the prompt), so the queue itself is what is measured. Never for real goals."""
 
     generation_batch: int = 8
     """Most candidates in one generation task (they run as one batch on the worker)."""
 
     worker_name: str | None = None
     """Name recorded on candidates; default hostname:pid."""
+
+    @model_validator(mode="after")
+    def _lease_fits_visibility(self) -> Settings:
+        if self.lease_seconds <= 0 or self.lease_seconds >= self.visibility_timeout:
+            raise ValueError(
+                f"lease_seconds ({self.lease_seconds}) must be positive and shorter than "
+                f"visibility_timeout ({self.visibility_timeout}): the database must take back a "
+                "lost worker's candidate before the broker hands its message back"
+            )
+        return self
 
     def resolved_database_url(self) -> str:
         """The database URL, defaulting to SQLite inside `data_dir`."""
