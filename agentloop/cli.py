@@ -94,7 +94,7 @@ def _open_store(settings: Settings):  # noqa: ANN202 - agentloop.store.Store
         migrate.upgrade(url)  # the embedded database keeps itself at head
     elif migrate.current(url) != migrate.head():
         _fail("the database schema is not at head: run `agentloop db upgrade` first", 1)
-    return Store(url)
+    return Store(url, settings.db_connect_timeout)
 
 
 def _dispatcher(store, settings: Settings):  # noqa: ANN001,ANN202
@@ -123,6 +123,40 @@ def _follow(store, goal_id: str, runtime, quiet: bool):  # noqa: ANN001,ANN202
             if runtime is not None and runtime.errors:
                 _fail(f"a task failed: {runtime.errors[0]!r}", 1)
             time.sleep(0.25)
+
+
+@app.command()
+def cancel(
+    goal_id: Annotated[str, typer.Argument(help="The goal to cancel.")],
+    url: Annotated[str | None, typer.Option(
+        help="A server to ask (default $AGENTLOOP_URL); without one, the local database.",
+    )] = None,
+) -> None:
+    """Cancel an unfinished goal: nothing more of it is generated."""
+    import os
+
+    url = url or os.environ.get("AGENTLOOP_URL")
+    if url:
+        from agentloop.sdk import AgentloopError, Client
+
+        try:
+            with Client(url) as client:
+                status = client.cancel_goal(goal_id).status
+        except AgentloopError as exc:
+            _fail(str(exc), 1)
+    else:
+        from agentloop.orchestrator import IterationRejected, cancel_goal
+
+        store = _open_store(get_settings())
+        try:
+            if cancel_goal(store, goal_id) is None:
+                _fail(f"goal {goal_id} not found", 1)
+            status = store.get_goal(goal_id).status.value
+        except IterationRejected as exc:
+            _fail(str(exc), 1)
+        finally:
+            store.dispose()
+    err.print(f"goal {goal_id} {status}", highlight=False)
 
 
 @app.command()

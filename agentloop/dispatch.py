@@ -61,6 +61,8 @@ class InProcessDispatcher:
         self._closed = False
         self.max_coalesce = max_coalesce
         self.errors: list[BaseException] = []
+        self._stopped = threading.Event()
+        self._periodic: list[threading.Thread] = []
 
     def bind(self, advance: Callable[[str], Any], generate: Callable[[list[str]], Any]) -> None:
         """Set the task functions that the two kinds of task run."""
@@ -110,6 +112,22 @@ class InProcessDispatcher:
         with self._lock:
             self._pending.discard(future)
 
+    def every(self, seconds: float, fn: Callable[[], Any]) -> None:
+        """Run `fn` now and then every `seconds` in a thread of its own until `close` (the
+        embedded reconciler). Its failures are logged, not kept: the next run tries again."""
+
+        def loop() -> None:
+            while not self._stopped.is_set():
+                try:
+                    fn()
+                except Exception:  # noqa: BLE001 - a periodic job outlives one bad run
+                    log.exception("periodic task failed")
+                self._stopped.wait(seconds)
+
+        thread = threading.Thread(target=loop, name="agentloop-periodic", daemon=True)
+        self._periodic.append(thread)
+        thread.start()
+
     @property
     def busy(self) -> bool:
         """True while any task is queued or running."""
@@ -120,5 +138,6 @@ class InProcessDispatcher:
         """Stop taking tasks; with wait, let the running ones finish."""
         with self._lock:
             self._closed = True
+        self._stopped.set()
         self._control.shutdown(wait=wait, cancel_futures=not wait)
         self._gen.shutdown(wait=wait, cancel_futures=not wait)

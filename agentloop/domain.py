@@ -239,6 +239,12 @@ class CandidateView:
     queued_at: datetime | None
     started_at: datetime | None
     finished_at: datetime | None
+    claim_token: str | None = None
+    """The claim a worker holds on it while running; completion must present it."""
+    lease_expires_at: datetime | None = None
+    """While running: when the claim lapses unless the worker renews it (database clock)."""
+    dispatched_at: datetime | None = None
+    """When its generation message was last sent (None: not sent yet)."""
 
     @property
     def variation_seed(self) -> int | None:
@@ -296,6 +302,8 @@ class GoalState:
     goal: GoalView
     iterations: list[IterationView]
     candidates: list[CandidateView] = field(default_factory=list)
+    now: datetime | None = None
+    """The database's clock when the state was read (leases and sweeps are judged by it)."""
 
     def of_iteration(self, index: int) -> list[CandidateView]:
         return [c for c in self.candidates if c.iteration == index]
@@ -335,6 +343,17 @@ class CandidateDraft:
         return params
 
 
+@dataclass(frozen=True)
+class Reclaim:
+    """A running candidate whose lease expired, taken back from the worker that held it."""
+
+    candidate_id: str
+    claim_token: str
+    status: CandidateStatus
+    """QUEUED to run again, FAILED when its attempts are spent, CANCELLED if its goal ended."""
+    error: str
+
+
 @dataclass
 class Decision:
     """What one orchestrator step decided; the store applies it in the same transaction."""
@@ -348,6 +367,8 @@ class Decision:
     stop_reason: str | None = None
     error: str | None = None
     redispatch: list[str] = field(default_factory=list)
+    """Queued candidates whose generation message must be sent (again)."""
+    reclaim: list[Reclaim] = field(default_factory=list)
     dispatch: list[str] = field(default_factory=list)
     """Filled by the store: ids of candidates to hand to generation workers after commit."""
     model: str | None = None
@@ -357,5 +378,5 @@ class Decision:
     def is_noop(self) -> bool:
         return not (
             self.close_iteration is not None or self.best or self.new_candidates
-            or self.goal_status or self.redispatch
+            or self.goal_status or self.redispatch or self.reclaim
         )

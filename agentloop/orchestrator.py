@@ -7,20 +7,23 @@ call finds the truth in the database and changes nothing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from agentloop.domain import (
     CandidateDraft,
     CandidateStatus,
+    CandidateView,
     Decision,
     GoalState,
     GoalStatus,
     IterationStatus,
+    Reclaim,
     StopReason,
     split_parts,
 )
 from agentloop.revisers import ReviserContext, get_reviser, objective
+from agentloop.settings import Settings
 from agentloop.store import Store, utcnow
 
 
@@ -30,28 +33,40 @@ class IterationRejected(ValueError):
 
 @dataclass(frozen=True)
 class Policy:
-    """Orchestrator knobs that come from the settings."""
+    """Orchestrator knobs that come from the settings (see `Settings` for each)."""
 
-    redispatch_after_seconds: float = 600.0
+    outbox_grace_seconds: float = 5.0
+    redispatch_after_seconds: float = 60.0
+    max_attempts: int = 3
+
+    @classmethod
+    def of(cls, settings: Settings) -> Policy:
+        return cls(
+            outbox_grace_seconds=settings.outbox_grace_seconds,
+            redispatch_after_seconds=settings.redispatch_after_seconds,
+            max_attempts=settings.max_attempts,
+        )
 
 
 def step(state: GoalState, policy: Policy, now: datetime) -> Decision:
     """Decide the goal's next move from its state. Pure: no I/O."""
     goal, spec = state.goal, state.goal.spec
     d = Decision()
+    d.reclaim = _expired_leases(state, policy, now)
     if goal.status.terminal:
         return d
+    taken_back = {r.candidate_id: r for r in d.reclaim}
     parts = split_parts(spec.goal)
     open_it = next((it for it in state.iterations if it.status is IterationStatus.OPEN), None)
     if open_it is not None:
-        cands = state.of_iteration(open_it.index)
+        cands = [
+            replace(c, status=taken_back[c.id].status, error=taken_back[c.id].error)
+            if c.id in taken_back else c
+            for c in state.of_iteration(open_it.index)
+        ]
         unfinished = [c for c in cands if not c.status.terminal]
         if unfinished:
-            stale = now - timedelta(seconds=policy.redispatch_after_seconds)
-            d.redispatch = [
-                c.id for c in unfinished
-                if c.status is CandidateStatus.QUEUED and c.queued_at and c.queued_at < stale
-            ]
+            d.redispatch = [c.id for c in unfinished if _unsent(c, policy, now)]
             return d
         d.close_iteration = open_it.index
         scores = [c.clip_score for c in cands if c.clip_score is not None]
@@ -82,6 +97,37 @@ def step(state: GoalState, policy: Policy, now: datetime) -> Decision:
     if goal.status is not GoalStatus.RUNNING:
         d.goal_status = GoalStatus.RUNNING
     return d
+
+
+def _expired_leases(state: GoalState, policy: Policy, now: datetime) -> list[Reclaim]:
+    """Running candidates whose worker stopped renewing its lease (it died, or lost the
+    database): requeued while attempts remain, failed on the last one, cancelled if the goal
+    has ended meanwhile."""
+    reclaims = []
+    for c in state.candidates:
+        if c.status is not CandidateStatus.RUNNING or c.claim_token is None:
+            continue
+        if c.lease_expires_at is None or c.lease_expires_at >= now:
+            continue
+        lost = f"worker {c.worker} stopped renewing its lease (attempt {c.attempts})"
+        if state.goal.status.terminal:
+            status, error = CandidateStatus.CANCELLED, f"goal ended; {lost}"
+        elif c.attempts < policy.max_attempts:
+            status, error = CandidateStatus.QUEUED, f"{lost}; retrying"
+        else:
+            status, error = CandidateStatus.FAILED, f"{lost}; no attempts left"
+        reclaims.append(Reclaim(c.id, c.claim_token, status, error))
+    return reclaims
+
+
+def _unsent(c: CandidateView, policy: Policy, now: datetime) -> bool:
+    """A queued candidate whose message was never sent (the outbox's grace has passed), or was
+    sent so long ago that it must have been lost."""
+    if c.status is not CandidateStatus.QUEUED:
+        return False
+    if c.dispatched_at is None:
+        return c.queued_at is None or c.queued_at < now - timedelta(seconds=policy.outbox_grace_seconds)
+    return c.dispatched_at < now - timedelta(seconds=policy.redispatch_after_seconds)
 
 
 def _stop_reason(state: GoalState, parts: tuple[str, ...], d: Decision) -> StopReason | None:
@@ -121,7 +167,7 @@ def _iterations_since_improvement(
 def advance(store: Store, goal_id: str, policy: Policy | None = None) -> Decision | None:
     """One orchestrator step for a goal, in one transaction. None if the goal does not exist."""
     policy = policy or Policy()
-    return store.decide(goal_id, lambda state: step(state, policy, utcnow()))
+    return store.decide(goal_id, lambda state: step(state, policy, state.now or utcnow()))
 
 
 def submit_iteration(store: Store, goal_id: str, drafts: list[CandidateDraft]) -> Decision | None:
@@ -153,6 +199,23 @@ def close_goal(store: Store, goal_id: str) -> Decision | None:
         if state.goal.status is not GoalStatus.WAITING:
             raise IterationRejected(f"goal is {state.goal.status.value}; only a waiting goal can be closed")
         return Decision(goal_status=GoalStatus.DONE, stop_reason=StopReason.CLOSED_BY_CALLER.value)
+
+    return store.decide(goal_id, decide)
+
+
+def cancel_goal(store: Store, goal_id: str) -> Decision | None:
+    """End a goal that has not finished, in one transaction: the goal becomes cancelled, its
+    queued candidates are cancelled, its open iteration closed. Running candidates may finish
+    but are never claimed again. Cancelling a cancelled goal changes nothing."""
+
+    def decide(state: GoalState) -> Decision:
+        status = state.goal.status
+        if status is GoalStatus.CANCELLED:
+            return Decision()
+        if status.terminal:
+            raise IterationRejected(f"goal is {status.value}; only an unfinished goal can be cancelled")
+        return Decision(goal_status=GoalStatus.CANCELLED,
+                        stop_reason=StopReason.CANCELLED_BY_CALLER.value)
 
     return store.decide(goal_id, decide)
 

@@ -1,8 +1,11 @@
-"""The Celery app: `celery -A workers.app worker -Q control` / `-Q gen.<model> --pool solo`.
+"""The Celery app: `celery -A workers.app worker -Q control`, `-Q gen.<model> --pool threads
+-c 1`, and `celery -A workers.app beat` for the sweep.
 
-Configured for long GPU jobs: late acks, requeue when a worker dies, one message prefetched
-at a time, a Redis visibility timeout longer than any generation (set in all three places
-Celery reads it), and task events on so Flower shows every task.
+Configured for long GPU jobs: late acks, one message prefetched at a time, task events on so
+Flower shows every task. A message is only a hint: a candidate's lease in the database, not the
+broker's visibility timeout, decides when a dead worker's work is taken back, and the sweep
+(sent by beat every `sweep_interval_seconds`) resends whatever a lost message left behind.
+The visibility timeout must exceed the lease (checked when the settings load).
 """
 
 from __future__ import annotations
@@ -32,6 +35,17 @@ def make_app() -> Celery:
         task_routes={"agentloop.advance_goal": {"queue": "control"}},
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=False,
+        # a worker whose broker restarted reconnects and keeps consuming
+        broker_connection_retry=True,
+        broker_connection_max_retries=None,
+        beat_schedule={
+            "agentloop-sweep": {
+                "task": "agentloop.sweep",
+                "schedule": settings.sweep_interval_seconds,
+                # a sweep that waited a whole interval is stale: the next one replaces it
+                "options": {"queue": "control", "expires": settings.sweep_interval_seconds},
+            },
+        },
     )
     return app
 

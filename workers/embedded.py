@@ -5,14 +5,20 @@ from __future__ import annotations
 from agentloop.dispatch import InProcessDispatcher
 from agentloop.settings import Settings
 from agentloop.store import Store
-from workers.jobs import WorkerContext, advance_goal_job, generate_job
+from workers.jobs import WorkerContext, advance_goal_job, generate_job, reconcile
 from workers.residency import Residency
 
 
 def embedded_runtime(
-    store: Store, settings: Settings, residency: Residency | None = None
+    store: Store, settings: Settings, residency: Residency | None = None,
+    sweep: bool = True,
 ) -> tuple[InProcessDispatcher, WorkerContext]:
-    """An in-process dispatcher bound to the task functions, and the context they share."""
+    """An in-process dispatcher bound to the task functions, and the context they share.
+
+    With `sweep`, the reconciler runs once now (work a previous process left behind: a goal
+    whose process was killed resumes when the next one starts) and then every
+    `sweep_interval_seconds` in a thread.
+    """
     dispatcher = InProcessDispatcher()
     ctx = WorkerContext(
         store=store, dispatcher=dispatcher, settings=settings,
@@ -20,4 +26,6 @@ def embedded_runtime(
         worker_name=settings.worker_name or "embedded",
     )
     dispatcher.bind(lambda gid: advance_goal_job(ctx, gid), lambda ids: generate_job(ctx, ids))
+    if sweep:
+        dispatcher.every(settings.sweep_interval_seconds, lambda: reconcile(ctx))
     return dispatcher, ctx

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ from agentloop.dispatch import Dispatcher, dispatch_generation
 from agentloop.domain import CandidateStatus, CandidateView, split_parts
 from agentloop.orchestrator import Policy, advance
 from agentloop.settings import Settings
-from agentloop.store import Store
+from agentloop.store import Outcome, Store
 from engine.types import GenerationRequest, Region, ScoreRequest
 from workers.residency import Residency
 
@@ -44,39 +45,114 @@ class WorkerContext:
 
 
 def advance_goal_job(ctx: WorkerContext, goal_id: str) -> list[str]:
-    """One orchestrator step; dispatches the candidates it created. Returns their ids."""
-    policy = Policy(redispatch_after_seconds=ctx.settings.redispatch_after_seconds)
-    decision = advance(ctx.store, goal_id, policy)
+    """One orchestrator step; sends the candidates it created or took back. Returns their ids."""
+    decision = advance(ctx.store, goal_id, Policy.of(ctx.settings))
     if decision is None:
         log.warning("advance_goal: goal %s does not exist", goal_id)
         return []
     if decision.dispatch and decision.model:
-        dispatch_generation(ctx.dispatcher, decision.model, decision.dispatch, ctx.settings.generation_batch)
+        send_generation(ctx, decision.model, decision.dispatch)
     return decision.dispatch
+
+
+def send_generation(ctx: WorkerContext, model: str, ids: list[str]) -> None:
+    """Send candidates to the generation queue, then mark them sent (the outbox's second half:
+    a crash between the commit that queued them and this send is repaired by the sweep)."""
+    dispatch_generation(ctx.dispatcher, model, ids, ctx.settings.generation_batch)
+    ctx.store.mark_dispatched(ids)
+
+
+def reconcile(ctx: WorkerContext) -> list[str]:
+    """One sweep: advance every goal a lost message may have left behind (expired leases,
+    unsent or long-unclaimed candidates, stalled goals). Returns the goals it advanced."""
+    s = ctx.settings
+    goal_ids = ctx.store.goals_needing_attention(
+        outbox_grace=s.outbox_grace_seconds, redispatch_after=s.redispatch_after_seconds,
+        stall_after=s.stall_after_seconds,
+    )
+    for goal_id in goal_ids:
+        try:
+            advance_goal_job(ctx, goal_id)
+        except Exception:  # noqa: BLE001 - one goal's trouble must not stop the sweep
+            log.exception("sweep: advancing goal %s failed", goal_id)
+    if goal_ids:
+        log.info("sweep advanced %d goal(s)", len(goal_ids))
+    return goal_ids
 
 
 def generate_job(ctx: WorkerContext, candidate_ids: Sequence[str]) -> list[str]:
     """Claim, generate, score and record candidates; then re-trigger the orchestrator.
 
-    Idempotent by candidate id: a candidate already claimed or finished is skipped.
-    Returns the ids this call completed.
+    Idempotent by candidate id: a candidate already claimed (lease unexpired) or finished is
+    skipped. The claim's lease is renewed while the batch runs. If the batch fails, each of
+    its members is retried on its own, so one bad candidate fails alone. Returns the ids this
+    call completed.
     """
     s = ctx.settings
     claimed = ctx.store.claim_candidates(candidate_ids, ctx.worker_name, s.lease_seconds, s.max_attempts)
     completed: list[str] = []
     if claimed:
-        try:
-            completed = _generate_and_record(ctx, claimed)
-        except Exception as exc:  # noqa: BLE001 - recorded on the candidates, then retried
-            log.exception("generation failed for %d candidates", len(claimed))
-            _release(ctx, claimed, f"{type(exc).__name__}: {exc}")
+        token = claimed[0].claim_token
+        assert token is not None
+        with LeaseKeeper(ctx.store, token, [c.id for c in claimed], s.lease_seconds):
+            try:
+                completed = _generate_and_record(ctx, token, claimed)
+            except Exception as exc:  # noqa: BLE001 - recorded on the candidates, then retried
+                if is_transient(exc):
+                    raise  # the task retries; the leases lapse and the sweep takes them back
+                log.exception("generation failed for %d candidates", len(claimed))
+                _release(ctx, token, claimed, f"{type(exc).__name__}: {exc}")
     goal_ids = {c.goal_id for c in claimed} or {c.goal_id for c in ctx.store.get_candidates(candidate_ids)}
     for goal_id in sorted(goal_ids):
         ctx.dispatcher.advance_goal(goal_id)
     return completed
 
 
-def _generate_and_record(ctx: WorkerContext, claimed: list[CandidateView]) -> list[str]:
+class LeaseKeeper:
+    """Renews a claim's leases every third of the lease while a batch runs (a thread), so a
+    long batch keeps its candidates and a dead worker's lapse within one lease."""
+
+    def __init__(self, store: Store, token: str, ids: list[str], lease_seconds: float):
+        self.store, self.token, self.ids, self.lease = store, token, ids, lease_seconds
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="agentloop-lease", daemon=True)
+
+    def __enter__(self) -> LeaseKeeper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.lease / 3):
+            try:
+                held = self.store.renew_leases(self.ids, self.token, self.lease)
+            except Exception:  # noqa: BLE001 - the database may be back by the next renewal
+                log.warning("could not renew leases", exc_info=True)
+                continue
+            if len(held) < len(self.ids):
+                log.warning("lost the claim on %d candidate(s)", len(self.ids) - len(held))
+            self.ids = [i for i in self.ids if i in held]
+
+
+def transient_errors() -> tuple[type[BaseException], ...]:
+    """Errors worth retrying a whole task for, with backoff: the database or the broker went
+    away for a while (a restart, a failover). Anything else is a bug or a bad request."""
+    from kombu.exceptions import OperationalError as BrokerError
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from sqlalchemy.exc import InterfaceError, OperationalError
+    from sqlalchemy.exc import TimeoutError as PoolTimeout
+
+    return (OperationalError, InterfaceError, PoolTimeout, BrokerError, RedisConnectionError)
+
+
+def is_transient(exc: BaseException) -> bool:
+    return isinstance(exc, transient_errors())
+
+
+def _generate_and_record(ctx: WorkerContext, token: str, claimed: list[CandidateView]) -> list[str]:
     """Generate and score claimed candidates, which may belong to several goals and models."""
     residency = ctx.residency or Residency()
     ctx.residency = residency
@@ -85,10 +161,11 @@ def _generate_and_record(ctx: WorkerContext, claimed: list[CandidateView]) -> li
     by_model: dict[tuple[str, str], list[CandidateView]] = {}
     for c in claimed:
         by_model.setdefault((c.params["model"], c.params["scorer"]), []).append(c)
+    root = ctx.settings.resolved_artifacts_dir()
     for (model, scorer), claimed_group in by_model.items():
         with residency.lock:
             runner = residency.runner(model)
-            group, requests = _refuse_invalid(ctx, runner, claimed_group)
+            group, requests = _refuse_invalid(ctx, token, runner, claimed_group)
             if not group:
                 continue
             score_requests = [ScoreRequest(texts[c.goal_id], split_parts(texts[c.goal_id])) for c in group]
@@ -99,18 +176,22 @@ def _generate_and_record(ctx: WorkerContext, claimed: list[CandidateView]) -> li
             t2 = time.perf_counter()
         shared = {"generate_batch_s": t1 - t0, "score_s": (t2 - t1) / len(results),
                   "batch_size": float(len(results))}
+        outcomes, files = [], {}
         for cand, result, score in zip(group, results, scores, strict=True):
-            uri = _save_png(ctx.settings.resolved_artifacts_dir(), cand, result.image)
-            if ctx.store.complete_candidate(
-                cand.id, ctx.worker_name, clip_score=score.clip_score,
-                part_scores=score.part_scores, artifact_uri=uri, timings={**result.timings, **shared},
-            ):
-                done.append(cand.id)
+            files[cand.id] = _save_png(root, cand, result.image)
+            outcomes.append(Outcome(
+                cand.id, score.clip_score, score.part_scores,
+                str(files[cand.id].relative_to(root)), {**result.timings, **shared},
+            ))
+        recorded = ctx.store.complete_candidates(token, outcomes)
+        for cid in set(files) - set(recorded):  # our claim was lost: the image is not ours to keep
+            files[cid].unlink(missing_ok=True)
+        done.extend(recorded)
     return done
 
 
 def _refuse_invalid(
-    ctx: WorkerContext, runner: Runner, group: list[CandidateView]
+    ctx: WorkerContext, token: str, runner: Runner, group: list[CandidateView]
 ) -> tuple[list[CandidateView], list[GenerationRequest]]:
     """The candidates the runner can serve, with their requests. Each one it refuses (a layout
     for a model that cannot draw one, say) fails at once with the runner's reason: retrying
@@ -123,7 +204,7 @@ def _refuse_invalid(
             runner.validate(request)
         except ValueError as exc:
             log.warning("candidate %s refused: %s", c.id, exc)
-            ctx.store.release_candidate(c.id, ctx.worker_name, f"ValueError: {exc}", max_attempts=0)
+            ctx.store.release_candidate(c.id, token, f"ValueError: {exc}", max_attempts=0)
             continue
         kept.append(c)
         requests.append(request)
@@ -149,23 +230,25 @@ def _request(c: CandidateView) -> GenerationRequest:
     )
 
 
-def _save_png(root: Path, cand: CandidateView, image) -> str:  # noqa: ANN001 - PIL image
-    """Write the image atomically; return its URI relative to the artifacts root."""
+def _save_png(root: Path, cand: CandidateView, image) -> Path:  # noqa: ANN001 - PIL image
+    """Write the image atomically under a name unique to this attempt (so a worker that lost
+    its claim can never overwrite the winner's image); return its path."""
     folder = root / cand.goal_id
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{cand.id}.png"
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    path = folder / f"{cand.id}-{cand.attempts}.png"
+    tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
     image.save(tmp, format="PNG")
     os.replace(tmp, path)
-    return f"{cand.goal_id}/{cand.id}.png"
+    return path
 
 
-def _release(ctx: WorkerContext, claimed: list[CandidateView], error: str) -> None:
-    """Put failed candidates back for a retry (or fail them after max_attempts); re-dispatch."""
-    by_model: dict[str, list[str]] = {}
+def _release(ctx: WorkerContext, token: str, claimed: list[CandidateView], error: str) -> None:
+    """Hand a failed batch back: each member is requeued (or failed after max_attempts) and
+    sent again on its own, so a candidate that breaks its batch fails alone."""
+    released = ctx.store.release_candidates(
+        token, {c.id: error for c in claimed}, ctx.settings.max_attempts
+    )
     for cand in claimed:
-        status = ctx.store.release_candidate(cand.id, ctx.worker_name, error, ctx.settings.max_attempts)
-        if status is CandidateStatus.QUEUED:
-            by_model.setdefault(cand.params["model"], []).append(cand.id)
-    for model, ids in by_model.items():
-        ctx.dispatcher.generate(model, ids)
+        if released.get(cand.id) is CandidateStatus.QUEUED:
+            ctx.dispatcher.generate(cand.params["model"], [cand.id])
+            ctx.store.mark_dispatched([cand.id])

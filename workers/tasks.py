@@ -1,4 +1,9 @@
-"""Celery tasks: thin wrappers that run the task functions in `workers.jobs`."""
+"""Celery tasks: thin wrappers that run the task functions in `workers.jobs`.
+
+Transient database and broker errors are retried with exponential backoff and jitter
+(`autoretry_for`) instead of being acked away; anything a retry cannot fix is left to the
+sweep, which finds the work in the database whatever happened to the message.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +13,24 @@ from agentloop.settings import get_settings
 from agentloop.store import Store
 from workers.app import app
 from workers.celery_dispatch import CeleryDispatcher
-from workers.jobs import WorkerContext, advance_goal_job, generate_job
+from workers.jobs import (
+    WorkerContext,
+    advance_goal_job,
+    generate_job,
+    reconcile,
+    transient_errors,
+)
 
 _ctx: WorkerContext | None = None
 _ctx_lock = threading.Lock()
+
+RETRY = {
+    "autoretry_for": transient_errors(),
+    "retry_backoff": 1,  # 1 s, 2 s, 4 s, ... with full jitter
+    "retry_backoff_max": 30,
+    "retry_jitter": True,
+    "max_retries": 8,
+}
 
 
 def worker_context() -> WorkerContext:
@@ -21,20 +40,27 @@ def worker_context() -> WorkerContext:
         if _ctx is None:
             settings = get_settings()
             _ctx = WorkerContext(
-                store=Store(settings.resolved_database_url()),
+                store=Store(settings.resolved_database_url(), settings.db_connect_timeout),
                 dispatcher=CeleryDispatcher(app),
                 settings=settings,
             )
         return _ctx
 
 
-@app.task(name="agentloop.advance_goal")
+@app.task(name="agentloop.advance_goal", **RETRY)
 def advance_goal(goal_id: str) -> list[str]:
     """The orchestrator's step for one goal (idempotent)."""
     return advance_goal_job(worker_context(), goal_id)
 
 
-@app.task(name="agentloop.generate")
+@app.task(name="agentloop.generate", **RETRY)
 def generate(candidate_ids: list[str]) -> list[str]:
     """Generate, score and record candidates (idempotent by candidate id)."""
     return generate_job(worker_context(), candidate_ids)
+
+
+@app.task(name="agentloop.sweep", ignore_result=True)
+def sweep() -> list[str]:
+    """The reconciler, sent by Celery beat every `sweep_interval_seconds`: advances whatever a
+    lost message left behind. Not retried: the next sweep comes soon."""
+    return reconcile(worker_context())

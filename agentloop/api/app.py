@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import OperationalError
 
 from agentloop.api.routes import router
 from agentloop.dispatch import Dispatcher
@@ -41,7 +42,9 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         own_store = store is None
         app.state.settings = settings
-        app.state.store = store or Store(settings.resolved_database_url())
+        app.state.store = store or Store(
+            settings.resolved_database_url(), settings.db_connect_timeout
+        )
         closer = None
         if dispatcher is None:
             app.state.dispatcher, closer = default_dispatcher(app.state.store, settings)
@@ -61,6 +64,14 @@ def create_app(
         lifespan=lifespan,
     )
     app.include_router(router)
+
+    @app.exception_handler(OperationalError)
+    async def database_unavailable(_request: Request, exc: OperationalError) -> JSONResponse:
+        """The database went away (restart, failover): 503, retry later; never a hang or 500."""
+        return JSONResponse(
+            {"detail": "the database is unavailable; retry shortly"}, status_code=503,
+            headers={"Retry-After": "5"},
+        )
 
     @app.get("/healthz")
     def healthz() -> JSONResponse:

@@ -17,7 +17,13 @@ from agentloop.api.schemas import (
 )
 from agentloop.dispatch import dispatch_generation
 from agentloop.domain import CandidateDraft, GoalInvalid, GoalRequest, check_goal
-from agentloop.orchestrator import IterationRejected, close_goal, fail_goal, submit_iteration
+from agentloop.orchestrator import (
+    IterationRejected,
+    cancel_goal,
+    close_goal,
+    fail_goal,
+    submit_iteration,
+)
 from agentloop.revisers import derive_seed
 
 router = APIRouter(prefix="/v1")
@@ -98,8 +104,18 @@ def add_iteration(
     except IterationRejected as exc:
         raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None
     assert decision is not None and decision.model is not None
-    dispatch_generation(dispatcher, decision.model, decision.dispatch, settings.generation_batch)
     index = len(goal.iterations)
+    try:
+        dispatch_generation(dispatcher, decision.model, decision.dispatch, settings.generation_batch)
+    except Exception:  # noqa: BLE001 - the broker is down: take the prompts back if we can
+        if store.withdraw_iteration(goal_id, index):
+            raise HTTPException(
+                status.HTTP_503_SERVICE_UNAVAILABLE,
+                "the task broker is unavailable; the prompts were not accepted, send them again",
+            ) from None
+        # a worker already has some of them (the sweep sent them): they are accepted
+    else:
+        store.mark_dispatched(decision.dispatch)
     return IterationAccepted(goal_id=goal_id, iteration=index, candidate_ids=decision.dispatch)
 
 
@@ -109,6 +125,17 @@ def close(goal_id: str, store: StoreDep) -> GoalOut:
     _goal_or_404(store, goal_id)
     try:
         close_goal(store, goal_id)
+    except IterationRejected as exc:
+        raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None
+    return _goal_or_404(store, goal_id)
+
+
+@router.post("/goals/{goal_id}/cancel", response_model=GoalOut)
+def cancel(goal_id: str, store: StoreDep) -> GoalOut:
+    """Cancel an unfinished goal: nothing more of it is generated (idempotent)."""
+    _goal_or_404(store, goal_id)
+    try:
+        cancel_goal(store, goal_id)
     except IterationRejected as exc:
         raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None
     return _goal_or_404(store, goal_id)

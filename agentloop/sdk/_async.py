@@ -85,6 +85,10 @@ class AsyncClient(BaseClient):
         """End a goal that is waiting for prompts."""
         return await self._request(self._close_goal(goal))
 
+    async def cancel_goal(self, goal: GoalRef) -> Goal:
+        """Cancel an unfinished goal: nothing more of it is generated. Idempotent."""
+        return await self._request(self._cancel_goal(goal))
+
     async def artifact(self, ref: str | Candidate) -> bytes:
         """A candidate's image (PNG bytes), by candidate or by its `artifact_url`."""
         return await self._request(self._artifact(ref))

@@ -25,7 +25,7 @@ URL_ENV = "AGENTLOOP_URL"
 """Environment variable read for the server's URL when none is given."""
 TOKEN_ENV = "AGENTLOOP_TOKEN"
 """Environment variable read for the bearer token when none is given."""
-SETTLED = frozenset({"done", "failed", "waiting"})
+SETTLED = frozenset({"done", "failed", "cancelled", "waiting"})
 """Goal statuses `wait` returns at: terminal, or waiting for the caller's prompts."""
 
 GoalRef = str | Goal
@@ -115,6 +115,9 @@ class BaseClient:
 
     def _close_goal(self, goal: GoalRef) -> Call[Goal]:
         return Call("POST", self._goal_url(goal, "/close"), _model(Goal))
+
+    def _cancel_goal(self, goal: GoalRef) -> Call[Goal]:
+        return Call("POST", self._goal_url(goal, "/cancel"), _model(Goal))
 
     def _artifact(self, ref: str | Candidate) -> Call[bytes]:
         return Call("GET", self._artifact_url(ref), _content)

@@ -82,6 +82,10 @@ class Client(BaseClient):
         """End a goal that is waiting for prompts."""
         return self._request(self._close_goal(goal))
 
+    def cancel_goal(self, goal: GoalRef) -> Goal:
+        """Cancel an unfinished goal: nothing more of it is generated. Idempotent."""
+        return self._request(self._cancel_goal(goal))
+
     def artifact(self, ref: str | Candidate) -> bytes:
         """A candidate's image (PNG bytes), by candidate or by its `artifact_url`."""
         return self._request(self._artifact(ref))

@@ -35,6 +35,7 @@ class Base(DeclarativeBase):
 
 class GoalRow(Base):
     __tablename__ = "goals"
+    __table_args__ = (Index("ix_goals_status_updated", "status", "updated_at"),)
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     tenant: Mapped[str] = mapped_column(String(64), default="default")
@@ -71,6 +72,8 @@ class CandidateRow(Base):
     __table_args__ = (
         UniqueConstraint("goal_id", "iteration", "ordinal", name="uq_candidates_goal_iter_ordinal"),
         Index("ix_candidates_goal_status", "goal_id", "status"),
+        Index("ix_candidates_status_lease", "status", "lease_expires_at"),
+        Index("ix_candidates_status_queued", "status", "queued_at"),
     )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
@@ -85,6 +88,12 @@ class CandidateRow(Base):
     status: Mapped[str] = mapped_column(String(16))
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     worker: Mapped[str | None] = mapped_column(String(128))
+    claim_token: Mapped[str | None] = mapped_column(String(32))
+    """Names the claim a worker holds; completion and release must present it."""
+    lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime())
+    """While running: when the claim lapses unless renewed (database clock, naive UTC)."""
+    dispatched_at: Mapped[datetime | None] = mapped_column(DateTime())
+    """The outbox marker: when its generation message was last sent (None: not yet sent)."""
     clip_score: Mapped[float | None] = mapped_column(Float)
     part_scores: Mapped[dict[str, float]] = mapped_column(JSON)
     artifact_uri: Mapped[str | None] = mapped_column(Text)

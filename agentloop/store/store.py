@@ -9,10 +9,11 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, func, select, text, update
+from sqlalchemy import Engine, create_engine, delete, event, func, select, text, update
 from sqlalchemy.orm import Session
 
 from agentloop.domain import (
@@ -37,6 +38,22 @@ class BudgetExceeded(Conflict):
     """Reserving generations would exceed the goal's budget."""
 
 
+ACTIVE_GOAL = (GoalStatus.PENDING.value, GoalStatus.RUNNING.value, GoalStatus.WAITING.value)
+"""Goal statuses whose candidates may still be claimed."""
+UNFINISHED_CANDIDATE = (CandidateStatus.QUEUED.value, CandidateStatus.RUNNING.value)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a worker records for one generated candidate."""
+
+    candidate_id: str
+    clip_score: float
+    part_scores: dict[str, float]
+    artifact_uri: str
+    timings: dict[str, float]
+
+
 def utcnow() -> datetime:
     """Naive UTC, the one timestamp form stored in every backend."""
     return datetime.now(UTC).replace(tzinfo=None)
@@ -46,10 +63,13 @@ def new_id() -> str:
     return uuid.uuid4().hex
 
 
-def make_engine(url: str) -> Engine:
-    """An engine; SQLite gets WAL, a busy timeout and write-locking transactions (BEGIN IMMEDIATE)."""
+def make_engine(url: str, connect_timeout: int = 5) -> Engine:
+    """An engine. PostgreSQL: connections checked before use (a restarted server costs one
+    failed check, not an error) and a connect timeout, so a database that is down answers
+    fast. SQLite: WAL, a busy timeout and write-locking transactions (BEGIN IMMEDIATE)."""
     if not url.startswith("sqlite"):
-        return create_engine(url, pool_pre_ping=True, future=True)
+        args = {"connect_timeout": connect_timeout} if "psycopg" in url or "postgres" in url else {}
+        return create_engine(url, pool_pre_ping=True, connect_args=args)
     engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 60})
 
     @event.listens_for(engine, "connect")
@@ -72,15 +92,22 @@ def make_engine(url: str) -> Engine:
 class Store:
     """Goals, iterations and candidates in PostgreSQL or SQLite."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, connect_timeout: int = 5):
         self.url = url
-        self.engine = make_engine(url)
+        self.engine = make_engine(url, connect_timeout)
         self.is_sqlite = url.startswith("sqlite")
 
     @contextmanager
     def _tx(self) -> Iterator[Session]:
         with Session(self.engine, expire_on_commit=False) as session, session.begin():
             yield session
+
+    def _now(self, s: Session) -> datetime:
+        """The database's clock (naive UTC): leases and sweeps must not depend on how well the
+        workers' clocks agree. SQLite is embedded, so this process's clock is the database's."""
+        if self.is_sqlite:
+            return utcnow()
+        return s.execute(text("SELECT (clock_timestamp() AT TIME ZONE 'UTC')")).scalar_one()
 
     def dispose(self) -> None:
         self.engine.dispose()
@@ -93,14 +120,14 @@ class Store:
     # goals ---------------------------------------------------------------------------
 
     def create_goal(self, spec: GoalSpec) -> GoalView:
-        """Insert a pending goal."""
-        now = utcnow()
-        row = GoalRow(
-            id=new_id(), tenant=spec.tenant, text=spec.goal, spec=spec.to_json(),
-            status=GoalStatus.PENDING.value, budget=spec.budget, generations_reserved=0,
-            created_at=now, updated_at=now,
-        )
+        """Insert a pending goal (timestamps on the database clock, which the sweep reads)."""
         with self._tx() as s:
+            now = self._now(s)
+            row = GoalRow(
+                id=new_id(), tenant=spec.tenant, text=spec.goal, spec=spec.to_json(),
+                status=GoalStatus.PENDING.value, budget=spec.budget, generations_reserved=0,
+                created_at=now, updated_at=now,
+            )
             s.add(row)
         return _goal_view(row)
 
@@ -152,6 +179,7 @@ class Store:
             if row is None:
                 return None
             state = _read_state(s, row)
+            state.now = self._now(s)
             decision = decide(state)
             decision.model = state.goal.spec.model
             if not decision.is_noop:
@@ -163,89 +191,219 @@ class Store:
     def claim_candidates(
         self, ids: Sequence[str], worker: str, lease_seconds: float, max_attempts: int
     ) -> list[CandidateView]:
-        """Move queued candidates (or running ones whose lease expired) to running for `worker`.
+        """Claim candidates for `worker`, in one statement: queued ones, and running ones whose
+        lease has expired, of goals that are still active, with attempts left.
 
-        Returns only those this call claimed: a duplicate delivery claims nothing.
+        Each claimed candidate carries one new `claim_token` (shared by this call's batch) and a
+        lease of `lease_seconds` on the database clock. Returns only what this call claimed: a
+        duplicate delivery claims nothing.
         """
-        now = utcnow()
-        stale = now - timedelta(seconds=lease_seconds)
-        claimed: list[str] = []
+        if not ids:
+            return []
+        token = new_id()
         with self._tx() as s:
-            for cid in ids:
-                result = s.execute(
-                    update(CandidateRow)
-                    .where(
-                        CandidateRow.id == cid,
-                        CandidateRow.attempts < max_attempts,
-                        (CandidateRow.status == CandidateStatus.QUEUED.value)
-                        | (
-                            (CandidateRow.status == CandidateStatus.RUNNING.value)
-                            & (CandidateRow.started_at < stale)
-                        ),
-                    )
-                    .values(
-                        status=CandidateStatus.RUNNING.value, worker=worker,
-                        attempts=CandidateRow.attempts + 1, started_at=now, error=None,
-                    )
+            now = self._now(s)
+            active = select(GoalRow.id).where(GoalRow.status.in_(ACTIVE_GOAL))
+            rows = s.scalars(
+                update(CandidateRow)
+                .where(
+                    CandidateRow.id.in_(list(ids)),
+                    CandidateRow.attempts < max_attempts,
+                    (CandidateRow.status == CandidateStatus.QUEUED.value)
+                    | (
+                        (CandidateRow.status == CandidateStatus.RUNNING.value)
+                        & (CandidateRow.lease_expires_at < now)
+                    ),
+                    CandidateRow.goal_id.in_(active),
                 )
-                if result.rowcount == 1:  # type: ignore[attr-defined]
-                    claimed.append(cid)
-        return self.get_candidates(claimed)
+                .values(
+                    status=CandidateStatus.RUNNING.value, worker=worker, claim_token=token,
+                    lease_expires_at=now + timedelta(seconds=lease_seconds),
+                    attempts=CandidateRow.attempts + 1, started_at=now, error=None,
+                )
+                .returning(CandidateRow)
+                .execution_options(synchronize_session=False)
+            ).all()
+            views = {r.id: _candidate_view(r) for r in rows}
+        return [views[i] for i in ids if i in views]
+
+    def renew_leases(self, ids: Sequence[str], token: str, lease_seconds: float) -> set[str]:
+        """Extend the leases this claim still holds; returns the ids it still holds."""
+        if not ids:
+            return set()
+        with self._tx() as s:
+            now = self._now(s)
+            held = s.scalars(
+                update(CandidateRow)
+                .where(
+                    CandidateRow.id.in_(list(ids)), CandidateRow.claim_token == token,
+                    CandidateRow.status == CandidateStatus.RUNNING.value,
+                )
+                .values(lease_expires_at=now + timedelta(seconds=lease_seconds))
+                .returning(CandidateRow.id)
+                .execution_options(synchronize_session=False)
+            ).all()
+        return set(held)
+
+    def complete_candidates(self, token: str, outcomes: Sequence[Outcome]) -> list[str]:
+        """running → succeeded for each outcome this claim still holds, in one transaction.
+
+        Returns the ids completed; a candidate whose claim was lost (lease expired and taken
+        back, goal cancelled and the candidate dropped) is left alone.
+        """
+        if not outcomes:
+            return []
+        by_id = {o.candidate_id: o for o in outcomes}
+        with self._tx() as s:
+            now = self._now(s)
+            held = _lock_held(s, list(by_id), token)
+            for cid in held:
+                o = by_id[cid]
+                s.execute(
+                    update(CandidateRow)
+                    .where(CandidateRow.id == cid)
+                    .values(
+                        status=CandidateStatus.SUCCEEDED.value, clip_score=o.clip_score,
+                        part_scores=o.part_scores, artifact_uri=o.artifact_uri,
+                        timings=o.timings, finished_at=now, lease_expires_at=None,
+                    )
+                    .execution_options(synchronize_session=False)
+                )
+        return [cid for cid in by_id if cid in held]
 
     def complete_candidate(
         self,
         candidate_id: str,
-        worker: str,
+        token: str,
         *,
         clip_score: float,
         part_scores: dict[str, float],
         artifact_uri: str,
         timings: dict[str, float],
     ) -> bool:
-        """running → succeeded with its score and image; False if it was not ours to finish."""
+        """running → succeeded with its score and image; False if this claim no longer holds it."""
+        outcome = Outcome(candidate_id, clip_score, part_scores, artifact_uri, timings)
+        return self.complete_candidates(token, [outcome]) == [candidate_id]
+
+    def release_candidates(
+        self, token: str, errors: dict[str, str], max_attempts: int
+    ) -> dict[str, CandidateStatus]:
+        """After failed attempts: running → queued to retry (unsent, so the outbox sends it), or
+        → failed once `max_attempts` are spent. Only what this claim still holds; returns the
+        new status of each candidate released."""
+        if not errors:
+            return {}
+        released: dict[str, CandidateStatus] = {}
         with self._tx() as s:
-            result = s.execute(
-                update(CandidateRow)
-                .where(
-                    CandidateRow.id == candidate_id,
-                    CandidateRow.status == CandidateStatus.RUNNING.value,
-                    CandidateRow.worker == worker,
+            now = self._now(s)
+            held = _lock_held(s, list(errors), token)
+            for cid, attempts in held.items():
+                new = (
+                    CandidateStatus.QUEUED if attempts < max_attempts
+                    else CandidateStatus.FAILED
                 )
-                .values(
-                    status=CandidateStatus.SUCCEEDED.value, clip_score=clip_score,
-                    part_scores=part_scores, artifact_uri=artifact_uri, timings=timings,
-                    finished_at=utcnow(),
+                s.execute(
+                    update(CandidateRow)
+                    .where(CandidateRow.id == cid)
+                    .values(_release_values(new, errors[cid], now))
+                    .execution_options(synchronize_session=False)
                 )
-            )
-            return result.rowcount == 1  # type: ignore[attr-defined]
+                released[cid] = new
+        return released
 
     def release_candidate(
-        self, candidate_id: str, worker: str, error: str, max_attempts: int
+        self, candidate_id: str, token: str, error: str, max_attempts: int
     ) -> CandidateStatus | None:
-        """After a failed attempt: running → queued to retry, or → failed after max_attempts.
+        """One candidate's `release_candidates`; None if this claim no longer holds it."""
+        return self.release_candidates(token, {candidate_id: error}, max_attempts).get(candidate_id)
 
-        Returns the new status, or None if the candidate was not ours.
-        """
+    def mark_dispatched(self, ids: Sequence[str]) -> None:
+        """The outbox marker: these queued candidates' generation messages were sent."""
+        if not ids:
+            return
         with self._tx() as s:
-            row = s.get(CandidateRow, candidate_id)
-            if row is None or row.status != CandidateStatus.RUNNING.value or row.worker != worker:
-                return None
-            new = (
-                CandidateStatus.QUEUED if row.attempts < max_attempts else CandidateStatus.FAILED
-            )
-            result = s.execute(
+            now = self._now(s)
+            s.execute(
                 update(CandidateRow)
                 .where(
-                    CandidateRow.id == candidate_id,
-                    CandidateRow.status == CandidateStatus.RUNNING.value,
-                    CandidateRow.worker == worker,
+                    CandidateRow.id.in_(list(ids)),
+                    CandidateRow.status == CandidateStatus.QUEUED.value,
                 )
-                .values(
-                    status=new.value, error=error[:4000], queued_at=utcnow(),
-                    finished_at=utcnow() if new is CandidateStatus.FAILED else None,
-                )
+                .values(dispatched_at=now)
+                .execution_options(synchronize_session=False)
             )
-            return new if result.rowcount == 1 else None  # type: ignore[attr-defined]
+
+    # the reconciler --------------------------------------------------------------------
+
+    def goals_needing_attention(
+        self, *, outbox_grace: float, redispatch_after: float, stall_after: float,
+        limit: int = 1000,
+    ) -> list[str]:
+        """Goals the orchestrator must look at because a message may have been lost: a running
+        candidate whose lease expired (its worker died), a queued candidate never sent (a crash
+        between commit and send) or sent long ago and never claimed (a lost message), and a
+        pending or running goal with nothing unfinished and no change for `stall_after`
+        seconds (its next orchestrator message lost). Oldest first."""
+        with self._tx() as s:
+            now = self._now(s)
+            expired = select(CandidateRow.goal_id).where(
+                CandidateRow.status == CandidateStatus.RUNNING.value,
+                CandidateRow.lease_expires_at < now,
+            )
+            unsent = select(CandidateRow.goal_id).where(
+                CandidateRow.status == CandidateStatus.QUEUED.value,
+                (
+                    CandidateRow.dispatched_at.is_(None)
+                    & (CandidateRow.queued_at < now - timedelta(seconds=outbox_grace))
+                )
+                | (CandidateRow.dispatched_at < now - timedelta(seconds=redispatch_after)),
+            )
+            unfinished = select(CandidateRow.id).where(
+                CandidateRow.goal_id == GoalRow.id,
+                CandidateRow.status.in_(UNFINISHED_CANDIDATE),
+            )
+            stalled = select(GoalRow.id).where(
+                GoalRow.status.in_((GoalStatus.PENDING.value, GoalStatus.RUNNING.value)),
+                GoalRow.updated_at < now - timedelta(seconds=stall_after),
+                ~unfinished.exists(),
+            )
+            ids = set(s.scalars(expired.distinct().limit(limit)))
+            ids |= set(s.scalars(unsent.distinct().limit(limit)))
+            ids |= set(s.scalars(stalled.limit(limit)))
+            if not ids:
+                return []
+            order = s.execute(
+                select(GoalRow.id).where(GoalRow.id.in_(ids)).order_by(GoalRow.updated_at)
+            ).scalars()
+            return list(order)
+
+    def withdraw_iteration(self, goal_id: str, index: int) -> bool:
+        """Undo an iteration no worker has touched (its prompts could not be sent): delete its
+        candidates and the iteration, give the budget back, and let the goal wait for prompts
+        again. False, and nothing changed, once any of its candidates was claimed."""
+        with self._tx() as s:
+            goal = s.scalars(
+                select(GoalRow).where(GoalRow.id == goal_id).with_for_update()
+            ).first()
+            iteration = s.scalars(
+                select(IterationRow).where(
+                    IterationRow.goal_id == goal_id, IterationRow.index == index,
+                    IterationRow.status == IterationStatus.OPEN.value,
+                )
+            ).first()
+            if goal is None or iteration is None or goal.status != GoalStatus.RUNNING.value:
+                return False
+            cands = s.scalars(
+                select(CandidateRow).where(CandidateRow.iteration_id == iteration.id)
+            ).all()
+            if any(c.status != CandidateStatus.QUEUED.value or c.attempts for c in cands):
+                return False
+            s.execute(delete(CandidateRow).where(CandidateRow.iteration_id == iteration.id))
+            s.execute(delete(IterationRow).where(IterationRow.id == iteration.id))
+            goal.generations_reserved -= len(cands)
+            goal.status = GoalStatus.WAITING.value
+            goal.updated_at = self._now(s)
+            return True
 
     def count_candidates(self, goal_id: str) -> int:
         with self._tx() as s:
@@ -254,16 +412,42 @@ class Store:
             )
 
 
+def _lock_held(s: Session, ids: list[str], token: str) -> dict[str, int]:
+    """Lock the candidates among `ids` that the claim `token` still holds; their attempts."""
+    rows = s.execute(
+        select(CandidateRow.id, CandidateRow.attempts)
+        .where(
+            CandidateRow.id.in_(ids), CandidateRow.claim_token == token,
+            CandidateRow.status == CandidateStatus.RUNNING.value,
+        )
+        .with_for_update()
+    )
+    return {cid: attempts for cid, attempts in rows}
+
+
+def _release_values(new: CandidateStatus, error: str, now: datetime) -> dict[str, Any]:
+    """Columns of a candidate handed back: requeued unsent (the outbox sends it) or ended."""
+    values: dict[str, Any] = {
+        "status": new.value, "error": error[:4000], "claim_token": None,
+        "lease_expires_at": None,
+    }
+    if new is CandidateStatus.QUEUED:
+        values.update(queued_at=now, dispatched_at=None)
+    else:
+        values["finished_at"] = now
+    return values
+
+
 # applying a decision ------------------------------------------------------------------
 
 
 def _transition_goal(
-    s: Session, goal_id: str, expected: str, values: dict[str, Any]
+    s: Session, goal_id: str, expected: str, values: dict[str, Any], now: datetime
 ) -> None:
     result = s.execute(
         update(GoalRow)
         .where(GoalRow.id == goal_id, GoalRow.status == expected)
-        .values(updated_at=utcnow(), **values)
+        .values(updated_at=now, **values)
     )
     if result.rowcount != 1:  # type: ignore[attr-defined]
         raise Conflict(f"goal {goal_id} is not {expected}")
@@ -271,7 +455,19 @@ def _transition_goal(
 
 def _apply(s: Session, state: GoalState, d: Decision) -> None:
     goal = state.goal
-    now = utcnow()
+    now = state.now or utcnow()
+    for r in d.reclaim:
+        result = s.execute(
+            update(CandidateRow)
+            .where(
+                CandidateRow.id == r.candidate_id, CandidateRow.claim_token == r.claim_token,
+                CandidateRow.status == CandidateStatus.RUNNING.value,
+                CandidateRow.lease_expires_at < now,
+            )
+            .values(_release_values(r.status, r.error, now))
+        )
+        if result.rowcount == 1 and r.status is CandidateStatus.QUEUED:  # type: ignore[attr-defined]
+            d.dispatch.append(r.candidate_id)
     if d.close_iteration is not None:
         result = s.execute(
             update(IterationRow)
@@ -294,17 +490,28 @@ def _apply(s: Session, state: GoalState, d: Decision) -> None:
         if d.goal_status.terminal:
             goal_values.update(finished_at=now, stop_reason=d.stop_reason, error=d.error)
     if goal_values:
-        _transition_goal(s, goal.id, goal.status.value, goal_values)
-    if d.redispatch:
-        s.execute(
-            update(CandidateRow)
-            .where(
-                CandidateRow.id.in_(d.redispatch),
-                CandidateRow.status == CandidateStatus.QUEUED.value,
-            )
-            .values(queued_at=now)
+        _transition_goal(s, goal.id, goal.status.value, goal_values, now)
+    if d.goal_status is GoalStatus.CANCELLED:
+        _cancel_unstarted(s, goal.id, now)
+    d.dispatch.extend(d.redispatch)
+
+
+def _cancel_unstarted(s: Session, goal_id: str, now: datetime) -> None:
+    """A cancelled goal's queued candidates are cancelled and its open iteration closed, in the
+    cancel's transaction; running ones may finish, but nothing of the goal is claimed again."""
+    s.execute(
+        update(CandidateRow)
+        .where(
+            CandidateRow.goal_id == goal_id,
+            CandidateRow.status == CandidateStatus.QUEUED.value,
         )
-        d.dispatch.extend(d.redispatch)
+        .values(status=CandidateStatus.CANCELLED.value, finished_at=now, error="goal cancelled")
+    )
+    s.execute(
+        update(IterationRow)
+        .where(IterationRow.goal_id == goal_id, IterationRow.status == IterationStatus.OPEN.value)
+        .values(status=IterationStatus.CLOSED.value, closed_at=now)
+    )
 
 
 def _insert_iteration(s: Session, state: GoalState, d: Decision, now: datetime) -> None:
@@ -313,7 +520,7 @@ def _insert_iteration(s: Session, state: GoalState, d: Decision, now: datetime) 
     reserved = s.execute(
         update(GoalRow)
         .where(GoalRow.id == goal.id, GoalRow.generations_reserved + n <= GoalRow.budget)
-        .values(generations_reserved=GoalRow.generations_reserved + n)
+        .values(generations_reserved=GoalRow.generations_reserved + n, updated_at=now)
     )
     if reserved.rowcount != 1:  # type: ignore[attr-defined]
         raise BudgetExceeded(f"goal {goal.id}: {n} more generations would exceed its budget")
@@ -388,4 +595,6 @@ def _candidate_view(r: CandidateRow) -> CandidateView:
         clip_score=r.clip_score, part_scores=r.part_scores or {}, artifact_uri=r.artifact_uri,
         timings=r.timings or {}, error=r.error, parent_id=r.parent_id, edit=r.edit,
         queued_at=r.queued_at, started_at=r.started_at, finished_at=r.finished_at,
+        claim_token=r.claim_token, lease_expires_at=r.lease_expires_at,
+        dispatched_at=r.dispatched_at,
     )

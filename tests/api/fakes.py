@@ -54,7 +54,7 @@ def finish(
         (root / c.goal_id).mkdir(parents=True, exist_ok=True)
         (root / c.goal_id / f"{c.id}.png").write_bytes(png_bytes())
         store.complete_candidate(
-            c.id, WORKER, clip_score=score(c), part_scores={},
+            c.id, c.claim_token, clip_score=score(c), part_scores={},
             artifact_uri=f"{c.goal_id}/{c.id}.png", timings={"denoise_s": 0.001},
         )
 

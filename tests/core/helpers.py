@@ -25,6 +25,6 @@ def finish_all(
     """Claim and complete candidates with scores from `score`."""
     for c in store.claim_candidates(ids, worker, lease_seconds=900, max_attempts=3):
         store.complete_candidate(
-            c.id, worker, clip_score=score(c), part_scores={}, artifact_uri=f"{c.goal_id}/{c.id}.png",
+            c.id, c.claim_token, clip_score=score(c), part_scores={}, artifact_uri=f"{c.goal_id}/{c.id}.png",
             timings={"denoise_s": 0.01},
         )

@@ -21,9 +21,10 @@ def _cmd(name: str) -> list[str]:
 
 
 def test_has_every_service_with_a_healthcheck() -> None:
-    expected = {"postgres", "redis", "migrate", "api", "control-worker", "gen-worker", "flower"}
+    expected = {"postgres", "redis", "migrate", "api", "control-worker", "gen-worker", "beat",
+                "flower"}
     assert expected <= set(SERVICES)
-    for name in expected - {"migrate"}:
+    for name in expected - {"migrate", "beat"}:
         assert "healthcheck" in SERVICES[name], name
     assert SERVICES["migrate"]["restart"] == "no"
 
@@ -34,7 +35,7 @@ def test_commands_match_the_cli_and_celery_app() -> None:
     cli_commands = {c.name or c.callback.__name__ for c in cli.registered_commands}
     assert _cmd("migrate")[:3] == ["agentloop", "db", "upgrade"]
     assert _cmd("api")[:2] == ["agentloop", "serve"] and "serve" in cli_commands
-    for name in ("control-worker", "gen-worker", "flower"):
+    for name in ("control-worker", "gen-worker", "beat", "flower"):
         assert _cmd(name)[:3] == ["celery", "-A", "workers.app"]
     assert celery_app.main == "agentloop"
 
@@ -44,8 +45,22 @@ def test_queues_match_the_dispatcher() -> None:
     assert control[control.index("-Q") + 1] == "control"
     env = SERVICES["gen-worker"]["environment"]
     assert gen[gen.index("-Q") + 1] == generation_queue(env["AGENTLOOP_DEFAULT_MODEL"])
-    assert gen[gen.index("--pool") + 1] == "solo"
+    # a thread pool of one: one CUDA context, and a consumer that answers while a batch runs
+    assert gen[gen.index("--pool") + 1] == "threads" and gen[gen.index("-c") + 1] == "1"
     assert celery_app.conf.task_routes["agentloop.advance_goal"]["queue"] == "control"
+
+
+def test_beat_sends_the_sweep_to_the_control_queue() -> None:
+    assert _cmd("beat")[3] == "beat"
+    [entry] = celery_app.conf.beat_schedule.values()
+    assert entry["task"] == "agentloop.sweep" and entry["task"] in celery_app.tasks
+    assert entry["options"]["queue"] == "control"
+    assert entry["schedule"] == Settings().sweep_interval_seconds
+
+
+def test_gen_worker_may_finish_its_batch_on_a_deploy() -> None:
+    grace = SERVICES["gen-worker"]["stop_grace_period"]
+    assert grace.endswith("m") and int(grace[:-1]) >= 5
 
 
 def test_environment_names_are_settings() -> None:

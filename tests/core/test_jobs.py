@@ -91,7 +91,9 @@ def test_a_failed_generation_is_retried_without_spending_budget(
     cands = ctx.store.list_candidates(goal_id)
     assert {c.status for c in cands} == {CandidateStatus.QUEUED}
     assert all("illegal memory access" in c.error for c in cands)
-    assert ctx.dispatcher.generations[-1] == ids  # re-dispatched for a retry
+    # each member re-dispatched on its own, so a candidate that breaks a batch fails alone
+    assert ctx.dispatcher.generations[-2:] == [[i] for i in ids]
+    assert all(c.dispatched_at is not None for c in cands)
     assert sorted(generate_job(ctx, ids)) == sorted(ids)
     advance_goal_job(ctx, goal_id)
     goal = ctx.store.get_goal(goal_id)
@@ -119,3 +121,116 @@ def test_a_request_the_engine_refuses_fails_alone_and_at_once(
     assert refused.status is CandidateStatus.FAILED and refused.attempts == 1
     assert "regions are supported for FluxPipeline only" in refused.error
     assert ctx.dispatcher.generations == []  # nothing re-dispatched: a retry cannot help
+
+
+class Poisoned(Residency):
+    """Fault injection: any batch holding the poisoned prompt raises, as a request that breaks
+    the model would; batches without it run the real engine."""
+
+    def runner(self, model: str):  # noqa: ANN201
+        real = super().runner(model)
+
+        class Guarded:
+            def validate(self, request):  # noqa: ANN001,ANN202
+                real.validate(request)
+
+            def generate(self, requests):  # noqa: ANN001,ANN202
+                if any("poison" in r.prompt for r in requests):
+                    raise RuntimeError("NaN in the latents")
+                return real.generate(requests)
+
+        return Guarded()
+
+
+def test_a_poisoned_candidate_fails_alone_and_its_batch_neighbours_succeed(
+    db_url: str, settings  # noqa: ANN001
+) -> None:
+    from agentloop.domain import CandidateDraft
+    from agentloop.orchestrator import submit_iteration
+
+    ctx = ctx_for(db_url, settings, Poisoned())
+    goal_id = make_goal(ctx.store, settings, reviser="external", budget=3, steps=2)
+    drafts = [CandidateDraft("a red circle", 1), CandidateDraft("poison", 2),
+              CandidateDraft("a blue square", 3)]
+    ids = submit_iteration(ctx.store, goal_id, drafts).dispatch
+    assert generate_job(ctx, ids) == []  # the whole batch fails once
+    for _ in range(settings.max_attempts):  # then each member runs on its own
+        pending, ctx.dispatcher.generations = ctx.dispatcher.generations, []
+        assert all(len(batch) == 1 for batch in pending)
+        for batch in pending:
+            generate_job(ctx, batch)
+    by_prompt = {c.prompt: c for c in ctx.store.list_candidates(goal_id)}
+    assert by_prompt["poison"].status is CandidateStatus.FAILED
+    assert by_prompt["poison"].attempts == settings.max_attempts
+    assert "NaN in the latents" in by_prompt["poison"].error
+    for prompt in ("a red circle", "a blue square"):
+        assert by_prompt[prompt].status is CandidateStatus.SUCCEEDED
+        assert by_prompt[prompt].attempts == 2
+
+
+class Slow(Residency):
+    """Stretches each batch (sleeping before the real engine) so leases must be renewed, and
+    lets the test act while the batch runs."""
+
+    def __init__(self, seconds: float, during=None) -> None:  # noqa: ANN001
+        super().__init__()
+        self.seconds, self.during = seconds, during
+
+    def runner(self, model: str):  # noqa: ANN201
+        real, outer = super().runner(model), self
+
+        class Stretched:
+            def validate(self, request):  # noqa: ANN001,ANN202
+                real.validate(request)
+
+            def generate(self, requests):  # noqa: ANN001,ANN202
+                import time
+
+                if outer.during:
+                    outer.during()
+                time.sleep(outer.seconds)
+                return real.generate(requests)
+
+        return Stretched()
+
+
+def test_a_batch_longer_than_its_lease_keeps_its_claim(db_url: str, settings) -> None:  # noqa: ANN001
+    settings = settings.model_copy(update={"lease_seconds": 0.6})
+    ctx = ctx_for(db_url, settings, Slow(2.0))
+    goal_id = make_goal(ctx.store, settings, budget=2, fanout=2, steps=2, max_iterations=1)
+    advance_goal_job(ctx, goal_id)
+    [ids] = ctx.dispatcher.generations
+    assert sorted(generate_job(ctx, ids)) == sorted(ids)  # renewed every 0.2 s for 2 s
+    cands = ctx.store.list_candidates(goal_id)
+    assert all(c.status is CandidateStatus.SUCCEEDED and c.attempts == 1 for c in cands)
+
+
+def test_a_worker_that_lost_its_claim_writes_nothing(db_url: str, settings) -> None:  # noqa: ANN001
+    """While the batch runs, its lease is taken over (as if this worker had been presumed
+    dead): its images are deleted, and the new claim's candidates are untouched."""
+    settings = settings.model_copy(update={"lease_seconds": 60})
+    store = Store(db_url)
+    goal_id = make_goal(store, settings, budget=2, fanout=2, steps=2, max_iterations=1)
+    taken: list = []
+
+    def take_over() -> None:
+        # the lease is expired by hand and another worker claims the candidates
+        ids = [c.id for c in store.list_candidates(goal_id)]
+        from sqlalchemy import update
+
+        from agentloop.store.models import CandidateRow
+        from agentloop.store.store import utcnow
+
+        with store.engine.begin() as conn:
+            conn.execute(update(CandidateRow).values(lease_expires_at=utcnow().replace(year=2000)))
+        taken.extend(store.claim_candidates(ids, "w2", lease_seconds=60, max_attempts=3))
+
+    ctx = ctx_for(db_url, settings, Slow(0.0, during=take_over))
+    advance_goal_job(ctx, goal_id)
+    [ids] = ctx.dispatcher.generations
+    assert generate_job(ctx, ids) == []
+    assert len(taken) == 2
+    for c in ctx.store.list_candidates(goal_id):
+        assert c.status is CandidateStatus.RUNNING and c.worker == "w2" and c.attempts == 2
+    folder = settings.resolved_artifacts_dir() / goal_id
+    assert not folder.exists() or list(folder.iterdir()) == []

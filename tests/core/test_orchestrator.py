@@ -86,12 +86,13 @@ def test_concurrent_advances_create_one_iteration(store: Store, settings) -> Non
 def test_duplicate_generate_delivery_claims_nothing(store: Store, settings) -> None:  # noqa: ANN001
     goal_id = make_goal(store, settings, budget=4, fanout=4)
     ids = advance(store, goal_id).dispatch
-    assert len(store.claim_candidates(ids, "w1", 900, 3)) == 4
+    claimed = store.claim_candidates(ids, "w1", 900, 3)
+    assert len(claimed) == 4 and len({c.claim_token for c in claimed}) == 1
     assert store.claim_candidates(ids, "w2", 900, 3) == []  # a second delivery
-    c = store.list_candidates(goal_id)[0]
-    assert store.complete_candidate(c.id, "w2", clip_score=1, part_scores={}, artifact_uri="x", timings={}) is False
-    assert store.complete_candidate(c.id, "w1", clip_score=1, part_scores={}, artifact_uri="x", timings={}) is True
-    assert store.complete_candidate(c.id, "w1", clip_score=2, part_scores={}, artifact_uri="x", timings={}) is False
+    c, token = claimed[0], claimed[0].claim_token
+    assert store.complete_candidate(c.id, "not-our-token", clip_score=1, part_scores={}, artifact_uri="x", timings={}) is False
+    assert store.complete_candidate(c.id, token, clip_score=1, part_scores={}, artifact_uri="x", timings={}) is True
+    assert store.complete_candidate(c.id, token, clip_score=2, part_scores={}, artifact_uri="x", timings={}) is False
     assert store.get_candidates([c.id])[0].clip_score == 1
 
 
@@ -101,7 +102,7 @@ def test_retries_do_not_spend_budget_and_fail_after_max_attempts(store: Store, s
     for attempt in range(1, 4):
         claimed = store.claim_candidates(ids, "w1", 900, max_attempts=3)
         assert [c.attempts for c in claimed] == [attempt, attempt]
-        statuses = {store.release_candidate(c.id, "w1", "CUDA out of memory", 3) for c in claimed}
+        statuses = {store.release_candidate(c.id, c.claim_token, "CUDA out of memory", 3) for c in claimed}
         assert statuses == ({CandidateStatus.QUEUED} if attempt < 3 else {CandidateStatus.FAILED})
     assert store.claim_candidates(ids, "w1", 900, max_attempts=3) == []
     assert store.get_goal(goal_id).generations_reserved == 2
@@ -115,10 +116,14 @@ def test_retries_do_not_spend_budget_and_fail_after_max_attempts(store: Store, s
 def test_stale_running_candidate_can_be_reclaimed(store: Store, settings) -> None:  # noqa: ANN001
     goal_id = make_goal(store, settings, budget=1, fanout=1)
     ids = advance(store, goal_id).dispatch
-    assert store.claim_candidates(ids, "dead-worker", 900, 3)
-    assert store.claim_candidates(ids, "w2", lease_seconds=900, max_attempts=3) == []
-    reclaimed = store.claim_candidates(ids, "w2", lease_seconds=-1, max_attempts=3)
-    assert [c.worker for c in reclaimed] == ["w2"] and reclaimed[0].attempts == 2
+    [dead] = store.claim_candidates(ids, "dead-worker", lease_seconds=-1, max_attempts=3)
+    assert store.claim_candidates(ids, "w2", lease_seconds=900, max_attempts=3) != []
+    assert store.claim_candidates(ids, "w3", lease_seconds=900, max_attempts=3) == []
+    [c] = store.get_candidates(ids)
+    assert c.worker == "w2" and c.attempts == 2 and c.claim_token != dead.claim_token
+    # the dead worker's late result is refused: its claim is gone
+    assert not store.complete_candidate(c.id, dead.claim_token, clip_score=1, part_scores={},
+                                        artifact_uri="x", timings={})
 
 
 def test_target_score_stops_early(store: Store, settings) -> None:  # noqa: ANN001
