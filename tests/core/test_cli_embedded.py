@@ -107,3 +107,24 @@ def test_console_script_runs(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1])["generations_used"] == 2
+
+
+def test_cancel_from_the_command_line(env: Path) -> None:
+    from agentloop import migrate
+    from agentloop.store import Store
+    from tests.core.helpers import make_goal
+
+    settings = get_settings()
+    settings.data_dir.mkdir(parents=True)
+    url = settings.resolved_database_url()
+    migrate.upgrade(url)
+    store = Store(url)
+    goal_id = make_goal(store, settings.model_copy(update={"default_model": "tiny-dit",
+                                                           "default_scorer": "tiny-clip"}))
+    result = invoke("cancel", goal_id)
+    assert result.exit_code == 0 and f"goal {goal_id} cancelled" in result.output
+    assert store.get_goal(goal_id).status.value == "cancelled"
+    assert invoke("cancel", goal_id).exit_code == 0  # again: still cancelled
+    missing = invoke("cancel", "0" * 32)
+    assert missing.exit_code == 1 and "not found" in missing.output
+    store.dispose()

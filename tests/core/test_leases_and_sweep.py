@@ -179,3 +179,25 @@ def test_an_unsent_iteration_is_withdrawn_with_its_budget(store: Store, settings
     store.claim_candidates(ids[:1], "w1", lease_seconds=300, max_attempts=3)
     assert not store.withdraw_iteration(goal_id, 0)
     assert store.count_candidates(goal_id) == 2
+
+
+def test_a_lease_longer_than_the_visibility_timeout_is_refused_at_start_up() -> None:
+    from pydantic import ValidationError
+
+    from agentloop.settings import Settings
+
+    with pytest.raises(ValidationError, match="shorter than visibility_timeout"):
+        Settings(lease_seconds=4000, visibility_timeout=3600)
+    with pytest.raises(ValidationError, match="must be positive"):
+        Settings(lease_seconds=0)
+    assert Settings(lease_seconds=30, visibility_timeout=3600).lease_seconds == 30
+
+
+def test_transient_errors_are_retried_by_celery_with_backoff_and_jitter() -> None:
+    from sqlalchemy.exc import OperationalError
+
+    from workers.tasks import advance_goal, generate
+
+    for task in (advance_goal, generate):
+        assert OperationalError in task.autoretry_for
+        assert task.retry_backoff and task.retry_jitter and task.max_retries

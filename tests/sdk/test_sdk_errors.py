@@ -30,6 +30,7 @@ def test_sync_errors_name_what_was_wrong(client: Client, store: Store) -> None:
         lambda: client.get_goal(MISSING),
         lambda: client.candidates(MISSING),
         lambda: client.close_goal(MISSING),
+        lambda: client.cancel_goal(MISSING),
         lambda: client.add_iteration(MISSING, ["x"]),
         lambda: client.artifact(f"/v1/artifacts/{MISSING}/{MISSING}.png"),
         lambda: client.get_goal("../healthz"),  # quoted: stays a (missing) goal id
@@ -43,6 +44,9 @@ def test_sync_errors_name_what_was_wrong(client: Client, store: Store) -> None:
         client.add_iteration(search.id, ["mine"])
     with pytest.raises(Conflict):
         client.close_goal(search.id)  # pending, not waiting
+    client.cancel_goal(search.id)
+    with pytest.raises(Conflict, match="already|cancel|finished|unfinished"):
+        client.close_goal(search.id)
     external = client.create_goal("a red circle", reviser="external", budget=2)
     advance(store, external.id)
     with pytest.raises(InvalidRequest) as bad:

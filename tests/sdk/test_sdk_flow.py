@@ -45,6 +45,11 @@ def test_external_goal_with_the_sync_client(
     assert [g.id for g in client.list_goals()] == [goal.id]
     assert client.list_goals(tenant="nobody") == []
 
+    other = client.create_goal("a blue square", budget=4)
+    cancelled = client.cancel_goal(other)
+    assert cancelled.status == "cancelled" and cancelled.stop_reason == "cancelled_by_caller"
+    assert client.wait(other.id, timeout=5, poll=0.01).status == "cancelled"
+
 
 @pytest.mark.anyio
 async def test_external_goal_with_the_async_client(
@@ -70,6 +75,8 @@ async def test_external_goal_with_the_async_client(
     done = await aclient.close_goal(goal.id)
     assert done.status == "done" and done.stop_reason == "closed_by_caller"
     assert [g.id for g in await aclient.list_goals(limit=5)] == [goal.id]
+    other = await aclient.create_goal("a blue square", budget=4)
+    assert (await aclient.cancel_goal(other.id)).status == "cancelled"
 
 
 @pytest.mark.anyio
