@@ -57,7 +57,7 @@ def cluster(pg_empty_url: str, tmp_path: Path) -> Iterator[tuple[str, str, dict[
         "control": [str(BIN / "celery"), "-A", "workers.app", "worker", "-Q", "control",
                     "-c", "1", "-n", "control@%h", "--loglevel", "INFO"],
         "gen": [str(BIN / "celery"), "-A", "workers.app", "worker", "-Q", "gen.tiny-dit",
-                "--pool", "solo", "-n", "gen@%h", "--loglevel", "INFO"],
+                "--pool", "threads", "-c", "1", "-n", "gen@%h", "--loglevel", "INFO"],
     }
     procs = {
         name: subprocess.Popen(cmd, env=env, stdout=open(logs / f"{name}.log", "w"),
