@@ -30,6 +30,20 @@ class Dispatcher(Protocol):
     def generate(self, model: str, candidate_ids: list[str]) -> None: ...
 
 
+def queue_depth(dispatcher: Dispatcher, model: str) -> int | None:
+    """How many generation messages wait in `model`'s queue, if the dispatcher can tell
+    (`waiting(model)`); None when it cannot. The sweep resends a sent-but-unclaimed candidate
+    at once when its queue is empty: its message was lost."""
+    waiting = getattr(dispatcher, "waiting", None)
+    if waiting is None:
+        return None
+    try:
+        return waiting(model)
+    except Exception:  # noqa: BLE001 - the broker may be down; then we cannot tell
+        log.warning("could not read the depth of %s", generation_queue(model), exc_info=True)
+        return None
+
+
 def dispatch_generation(
     dispatcher: Dispatcher, model: str, candidate_ids: list[str], batch: int
 ) -> None:
@@ -127,6 +141,11 @@ class InProcessDispatcher:
         thread = threading.Thread(target=loop, name="agentloop-periodic", daemon=True)
         self._periodic.append(thread)
         thread.start()
+
+    def waiting(self, model: str) -> int:
+        """Generation requests waiting in this process (any model: one queue serves all)."""
+        with self._lock:
+            return len(self._gen_queue)
 
     @property
     def busy(self) -> bool:

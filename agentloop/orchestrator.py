@@ -38,6 +38,9 @@ class Policy:
     outbox_grace_seconds: float = 5.0
     redispatch_after_seconds: float = 60.0
     max_attempts: int = 3
+    idle_queues: frozenset[str] = frozenset()
+    """Models whose generation queue the sweep saw empty: a candidate of theirs sent over
+    `outbox_grace_seconds` ago and still queued lost its message."""
 
     @classmethod
     def of(cls, settings: Settings) -> Policy:
@@ -125,8 +128,11 @@ def _unsent(c: CandidateView, policy: Policy, now: datetime) -> bool:
     sent so long ago that it must have been lost."""
     if c.status is not CandidateStatus.QUEUED:
         return False
+    grace = now - timedelta(seconds=policy.outbox_grace_seconds)
     if c.dispatched_at is None:
-        return c.queued_at is None or c.queued_at < now - timedelta(seconds=policy.outbox_grace_seconds)
+        return c.queued_at is None or c.queued_at < grace
+    if c.params.get("model") in policy.idle_queues and c.dispatched_at < grace:
+        return True
     return c.dispatched_at < now - timedelta(seconds=policy.redispatch_after_seconds)
 
 

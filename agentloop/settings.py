@@ -67,12 +67,12 @@ class Settings(BaseSettings):
     (a crash between commit and send) is sent by the sweep."""
 
     redispatch_after_seconds: float = 60.0
-    """A queued candidate sent this long ago and still not claimed (its message lost) is sent
-    again by the sweep."""
+    """A queued candidate sent this long ago and still not claimed is sent again by the sweep,
+    even while its queue holds other messages (with an empty queue: after the outbox grace)."""
 
-    stall_after_seconds: float = 30.0
-    """A pending or running goal with no unfinished candidate and no change for this long (its
-    next orchestrator message lost) is advanced by the sweep."""
+    stall_after_seconds: float = 10.0
+    """A pending or running goal with nothing unfinished, and no change nor any candidate
+    finished for this long (its next orchestrator message lost), is advanced by the sweep."""
 
     visibility_timeout: int = 3600
     """Redis visibility timeout (s); must exceed `lease_seconds` (checked at start-up)."""

@@ -8,11 +8,11 @@ import socket
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from agentloop.dispatch import Dispatcher, dispatch_generation
+from agentloop.dispatch import Dispatcher, dispatch_generation, queue_depth
 from agentloop.domain import CandidateStatus, CandidateView, split_parts
 from agentloop.orchestrator import Policy, advance
 from agentloop.settings import Settings
@@ -44,9 +44,9 @@ class WorkerContext:
         self.worker_name = self.worker_name or self.settings.worker_name or default_worker_name()
 
 
-def advance_goal_job(ctx: WorkerContext, goal_id: str) -> list[str]:
+def advance_goal_job(ctx: WorkerContext, goal_id: str, policy: Policy | None = None) -> list[str]:
     """One orchestrator step; sends the candidates it created or took back. Returns their ids."""
-    decision = advance(ctx.store, goal_id, Policy.of(ctx.settings))
+    decision = advance(ctx.store, goal_id, policy or Policy.of(ctx.settings))
     if decision is None:
         log.warning("advance_goal: goal %s does not exist", goal_id)
         return []
@@ -64,15 +64,22 @@ def send_generation(ctx: WorkerContext, model: str, ids: list[str]) -> None:
 
 def reconcile(ctx: WorkerContext) -> list[str]:
     """One sweep: advance every goal a lost message may have left behind (expired leases,
-    unsent or long-unclaimed candidates, stalled goals). Returns the goals it advanced."""
+    unsent or lost generation messages, stalled goals). Returns the goals it advanced."""
     s = ctx.settings
+    idle: set[str] = set()
+
+    def idle_models(models: set[str]) -> set[str]:
+        idle.update(m for m in models if queue_depth(ctx.dispatcher, m) == 0)
+        return idle
+
     goal_ids = ctx.store.goals_needing_attention(
         outbox_grace=s.outbox_grace_seconds, redispatch_after=s.redispatch_after_seconds,
-        stall_after=s.stall_after_seconds,
+        stall_after=s.stall_after_seconds, idle_models=idle_models,
     )
+    policy = replace(Policy.of(s), idle_queues=frozenset(idle))
     for goal_id in goal_ids:
         try:
-            advance_goal_job(ctx, goal_id)
+            advance_goal_job(ctx, goal_id, policy)
         except Exception:  # noqa: BLE001 - one goal's trouble must not stop the sweep
             log.exception("sweep: advancing goal %s failed", goal_id)
     if goal_ids:

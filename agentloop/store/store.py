@@ -337,39 +337,48 @@ class Store:
 
     def goals_needing_attention(
         self, *, outbox_grace: float, redispatch_after: float, stall_after: float,
-        limit: int = 1000,
+        idle_models: Callable[[set[str]], set[str]] | None = None, limit: int = 1000,
     ) -> list[str]:
-        """Goals the orchestrator must look at because a message may have been lost: a running
-        candidate whose lease expired (its worker died), a queued candidate never sent (a crash
-        between commit and send) or sent long ago and never claimed (a lost message), and a
-        pending or running goal with nothing unfinished and no change for `stall_after`
-        seconds (its next orchestrator message lost). Oldest first."""
+        """Goals the orchestrator must look at because a message may have been lost, oldest
+        first:
+
+        - a running candidate whose lease expired (its worker died);
+        - a queued candidate never sent `outbox_grace` after it was queued (a crash between
+          commit and send), or sent `redispatch_after` ago and still unclaimed (a lost
+          message); or sent `outbox_grace` ago while its model's queue is empty, by
+          `idle_models` (which gets the models in question and answers those whose broker
+          queue holds nothing), so a flushed broker costs one sweep, not `redispatch_after`;
+        - a pending or running goal with nothing unfinished and no change, nor any candidate
+          finished, for `stall_after` seconds (its next orchestrator message was lost).
+        """
         with self._tx() as s:
             now = self._now(s)
+            grace_cut = now - timedelta(seconds=outbox_grace)
             expired = select(CandidateRow.goal_id).where(
                 CandidateRow.status == CandidateStatus.RUNNING.value,
                 CandidateRow.lease_expires_at < now,
             )
             unsent = select(CandidateRow.goal_id).where(
                 CandidateRow.status == CandidateStatus.QUEUED.value,
-                (
-                    CandidateRow.dispatched_at.is_(None)
-                    & (CandidateRow.queued_at < now - timedelta(seconds=outbox_grace))
-                )
+                (CandidateRow.dispatched_at.is_(None) & (CandidateRow.queued_at < grace_cut))
                 | (CandidateRow.dispatched_at < now - timedelta(seconds=redispatch_after)),
             )
-            unfinished = select(CandidateRow.id).where(
+            stall_cut = now - timedelta(seconds=stall_after)
+            busy = select(CandidateRow.id).where(
                 CandidateRow.goal_id == GoalRow.id,
-                CandidateRow.status.in_(UNFINISHED_CANDIDATE),
+                CandidateRow.status.in_(UNFINISHED_CANDIDATE)
+                | (CandidateRow.finished_at >= stall_cut),
             )
             stalled = select(GoalRow.id).where(
                 GoalRow.status.in_((GoalStatus.PENDING.value, GoalStatus.RUNNING.value)),
-                GoalRow.updated_at < now - timedelta(seconds=stall_after),
-                ~unfinished.exists(),
+                GoalRow.updated_at < stall_cut,
+                ~busy.exists(),
             )
             ids = set(s.scalars(expired.distinct().limit(limit)))
             ids |= set(s.scalars(unsent.distinct().limit(limit)))
             ids |= set(s.scalars(stalled.limit(limit)))
+            if idle_models is not None:
+                ids |= _goals_waiting_on_idle_queues(s, grace_cut, idle_models, limit)
             if not ids:
                 return []
             order = s.execute(
@@ -410,6 +419,32 @@ class Store:
             return int(
                 s.scalar(select(func.count()).where(CandidateRow.goal_id == goal_id)) or 0
             )
+
+
+def _goals_waiting_on_idle_queues(
+    s: Session, sent_before: datetime, idle_models: Callable[[set[str]], set[str]], limit: int
+) -> set[str]:
+    """Goals with a candidate sent before `sent_before`, still unclaimed, whose model's queue
+    `idle_models` says is empty: nothing in the broker will ever claim it."""
+    waiting = set(
+        s.scalars(
+            select(CandidateRow.goal_id)
+            .where(
+                CandidateRow.status == CandidateStatus.QUEUED.value,
+                CandidateRow.dispatched_at < sent_before,
+            )
+            .distinct()
+            .limit(limit)
+        )
+    )
+    if not waiting:
+        return set()
+    model_of = {
+        gid: spec["model"]
+        for gid, spec in s.execute(select(GoalRow.id, GoalRow.spec).where(GoalRow.id.in_(waiting)))
+    }
+    idle = idle_models(set(model_of.values()))
+    return {gid for gid, model in model_of.items() if model in idle}
 
 
 def _lock_held(s: Session, ids: list[str], token: str) -> dict[str, int]:

@@ -6,6 +6,8 @@ Time is moved by asking for leases and thresholds of zero or less, not by sleepi
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 
 from agentloop.domain import CandidateStatus, GoalStatus, IterationStatus, StopReason
@@ -201,3 +203,61 @@ def test_transient_errors_are_retried_by_celery_with_backoff_and_jitter() -> Non
     for task in (advance_goal, generate):
         assert OperationalError in task.autoretry_for
         assert task.retry_backoff and task.retry_jitter and task.max_retries
+
+
+def test_a_sent_candidate_whose_queue_is_empty_is_sent_again_after_the_grace(
+    store: Store, settings  # noqa: ANN001
+) -> None:
+    """A flushed broker: the candidates were sent, nothing waits in their queue, nobody claimed
+    them. The sweep need not wait `redispatch_after` for that."""
+    goal_id = make_goal(store, settings, budget=2, fanout=2)
+    ids = advance(store, goal_id).dispatch
+    store.mark_dispatched(ids)
+    asked: list[set[str]] = []
+
+    def idle(models: set[str]) -> set[str]:
+        asked.append(models)
+        return models
+
+    busy = {**LATER, "outbox_grace": 0}
+    assert store.goals_needing_attention(**busy, idle_models=lambda m: set()) == []
+    assert store.goals_needing_attention(**busy, idle_models=idle) == [goal_id]
+    assert asked == [{"tiny-dit"}]
+    assert advance(store, goal_id, Policy(outbox_grace_seconds=0)).dispatch == []
+    lost = Policy(outbox_grace_seconds=0, idle_queues=frozenset({"tiny-dit"}))
+    assert sorted(advance(store, goal_id, lost).dispatch) == sorted(ids)
+
+
+def test_a_goal_whose_last_candidate_just_finished_is_not_stalled(store: Store, settings) -> None:  # noqa: ANN001
+    goal_id = make_goal(store, settings, budget=4, fanout=2)
+    ids = advance(store, goal_id).dispatch
+    from sqlalchemy import update
+
+    from agentloop.store.models import GoalRow
+
+    with store.engine.begin() as conn:  # the goal itself last changed an hour ago
+        conn.execute(update(GoalRow).values(updated_at=GoalRow.updated_at - timedelta(hours=1)))
+    finish_all(store, ids, score=lambda c: 1.0)
+    assert store.goals_needing_attention(**{**LATER, "stall_after": 60}) == []
+    assert store.goals_needing_attention(**{**LATER, "stall_after": 0}) == [goal_id]
+
+
+def test_the_celery_dispatcher_reads_its_queue_depth_from_redis() -> None:
+    import redis
+    from celery import Celery
+
+    from tests.conftest import REDIS_URL
+    from workers.celery_dispatch import CeleryDispatcher
+
+    url = REDIS_URL.rsplit("/", 1)[0] + "/8"
+    redis.Redis.from_url(url).flushdb()
+    dispatcher = CeleryDispatcher(Celery("depth-test", broker=url))
+    try:
+        assert dispatcher.waiting("depth-model") == 0  # never declared
+        dispatcher.generate("depth-model", ["a"])
+        dispatcher.generate("depth-model", ["b"])
+        assert dispatcher.waiting("depth-model") == 2
+        redis.Redis.from_url(url).flushdb()  # the broker loses its data
+        assert dispatcher.waiting("depth-model") == 0
+    finally:
+        redis.Redis.from_url(url).flushdb()
