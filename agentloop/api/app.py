@@ -8,6 +8,8 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
+from agentloop.api.errors import BodyLimit, install_error_handlers
+from agentloop.api.openapi import openapi_with_limits
 from agentloop.api.routes import router
 from agentloop.dispatch import Dispatcher
 from agentloop.settings import Settings, get_settings
@@ -60,9 +62,13 @@ def create_app(
         "CLIPScore = 2.5 * max(cos, 0) (Hessel et al. 2021).",
         lifespan=lifespan,
     )
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.include_router(router)
+    app.openapi = lambda: openapi_with_limits(app, settings)  # type: ignore[method-assign]
 
-    @app.get("/healthz")
+    install_error_handlers(app, settings)
+
+    @app.get("/healthz", responses={503: {"description": "the database does not answer"}})
     def healthz() -> JSONResponse:
         """Liveness and database reachability (503 when the database does not answer)."""
         try:
