@@ -6,9 +6,9 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 if TYPE_CHECKING:
     from agentloop.settings import Settings
@@ -77,26 +77,95 @@ class GoalInvalid(ValueError):
         return f"invalid {field_name}: {message}"
 
 
+MAX_PROMPT_CHARS = 2000
+"""Longest prompt, negative prompt or region prompt (CLIP reads the first 77 tokens anyway)."""
+
+MAX_TENANT_CHARS = 64
+"""Longest tenant name: the width of the goals.tenant column."""
+
+MAX_ITERATIONS = 10_000
+"""Most iterations (and most patience) a goal may ask for; the budget ends a loop long before."""
+
+MAX_SEED = 2**53 - 1
+"""Largest seed a caller may give: the largest integer every JSON reader keeps exactly
+(RFC 7493); derived seeds are 31-bit."""
+
+MAX_NAME_CHARS = 512
+"""Longest model or scorer name (a preset, a hub id, a local path)."""
+
+NO_NUL_PATTERN = r"^[^\x00]*$"
+"""JSON Schema pattern for text without NUL (lone surrogates cannot be sent as UTF-8 at all)."""
+
+_NOT_SPACE = r"[^\x00\t-\r\x1c-\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]"
+GOAL_PATTERN = rf"^[^\x00]*{_NOT_SPACE}[^\x00]*$"
+"""JSON Schema pattern for a goal: no NUL, and at least one character that is not white space
+(Python's white space, spelled out, since JSON Schema's `\\s` is ECMAScript's)."""
+
+
+def _storable_text(value: str) -> str:
+    # PostgreSQL refuses NUL in text, and a lone surrogate has no UTF-8 form: either would
+    # fail deep in the driver (a dropped connection, a 500) instead of naming the field.
+    if "\x00" in value:
+        raise ValueError("must not contain NUL (U+0000) characters")
+    if any("\ud800" <= ch <= "\udfff" for ch in value):
+        raise ValueError("must not contain lone surrogates (U+D800 to U+DFFF)")
+    return value
+
+
+SafeStr = Annotated[
+    str, Field(json_schema_extra={"pattern": NO_NUL_PATTERN}), AfterValidator(_storable_text)
+]
+"""A string any backend can store: no NUL, no lone surrogate. The one place the API's text
+rules live; each use adds its length limit (`Annotated[SafeStr, Field(max_length=...)]`)."""
+
+PromptText = Annotated[SafeStr, Field(max_length=MAX_PROMPT_CHARS)]
+"""A prompt or negative prompt."""
+
+TenantName = Annotated[SafeStr, Field(min_length=1, max_length=MAX_TENANT_CHARS)]
+"""A tenant, as the goals.tenant column holds it."""
+
+ModelName = Annotated[SafeStr, Field(max_length=MAX_NAME_CHARS)]
+"""A model or scorer name."""
+
+
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+"""A float that is neither NaN nor infinite (Python's json reads `NaN` and `Infinity`)."""
+
+
+def _whole_float_as_int(value: Any) -> Any:
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+JsonInt = Annotated[int, BeforeValidator(_whole_float_as_int)]
+"""An integer as JSON has it: `16` or `16.0` (JSON has one number type, and JSON Schema counts
+`16.0` as an integer); still never a string or a boolean, even in a strict model."""
+
+
 class GoalRequest(BaseModel):
-    """What a caller may ask for. Unset fields take the model's or the settings' defaults."""
+    """What a caller may ask for. Unset fields take the model's or the settings' defaults.
+
+    The types keep out what no backend can store (NUL, lone surrogates, NaN, over-long text);
+    ranges are checked by `check_goal`, so that one answer names every bad field, and the API
+    writes them, with this deployment's limits, into its OpenAPI schema
+    (`agentloop.api.openapi`)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    goal: str
-    budget: int = 16
-    fanout: int = 4
-    max_iterations: int = 8
-    target_score: float | None = None
-    patience: int = 3
-    model: str | None = None
-    scorer: str | None = None
-    steps: int | None = None
-    size: int | None = None
-    guidance: float | None = None
-    seed: int = 0
-    negative_prompt: str = ""
+    goal: SafeStr  # at most the settings' max_goal_chars, checked by check_goal
+    budget: JsonInt = 16
+    fanout: JsonInt = 4
+    max_iterations: JsonInt = 8
+    target_score: FiniteFloat | None = None
+    patience: JsonInt = 3
+    model: ModelName | None = None
+    scorer: ModelName | None = None
+    steps: JsonInt | None = None
+    size: JsonInt | None = None
+    guidance: FiniteFloat | None = None
+    seed: JsonInt = 0
+    negative_prompt: PromptText = ""
     reviser: Literal["search", "external"] = "search"
-    tenant: str = "default"
+    tenant: TenantName = "default"
 
 
 @dataclass(frozen=True)
@@ -155,31 +224,31 @@ def check_goal(data: dict[str, Any] | GoalRequest, settings: Settings) -> GoalSp
     text = re.sub(r"\s+", " ", req.goal).strip()
     if not text:
         errors.append(("goal", "must not be empty"))
-    elif len(text) > settings.max_goal_chars:
+    elif len(req.goal) > settings.max_goal_chars:
         errors.append(("goal", f"must be at most {settings.max_goal_chars} characters"))
     if not 1 <= req.budget <= settings.max_budget:
         errors.append(("budget", f"must be between 1 and {settings.max_budget}"))
     if not 1 <= req.fanout <= settings.max_fanout:
         errors.append(("fanout", f"must be between 1 and {settings.max_fanout}"))
-    if req.max_iterations < 1:
-        errors.append(("max_iterations", "must be at least 1"))
-    if req.patience < 1:
-        errors.append(("patience", "must be at least 1"))
+    if not 1 <= req.max_iterations <= MAX_ITERATIONS:
+        errors.append(("max_iterations", f"must be between 1 and {MAX_ITERATIONS}"))
+    if not 1 <= req.patience <= MAX_ITERATIONS:
+        errors.append(("patience", f"must be between 1 and {MAX_ITERATIONS}"))
     if req.target_score is not None and not 0 < req.target_score <= 2.5:
         errors.append(("target_score", "must be in (0, 2.5] (CLIPScore, Hessel et al. scale)"))
     if req.reviser not in ("search", "external"):
         errors.append(("reviser", "must be 'search' or 'external'"))
     if req.guidance is not None and req.guidance < 0:
         errors.append(("guidance", "must be >= 0"))
-    if not 0 <= req.seed < 2**63:
-        errors.append(("seed", "must be between 0 and 2**63-1"))
+    if not 0 <= req.seed <= MAX_SEED:
+        errors.append(("seed", f"must be between 0 and {MAX_SEED} (2**53-1)"))
     extra_m = tuple(settings.extra_models)
-    model = req.model or _pick_default(
+    model = req.model if req.model is not None else _pick_default(
         settings.default_model, "tiny-dit", is_known_model(settings.default_model, extra_m)
     )
     if not is_known_model(model, extra_m):
         errors.append(("model", f"unknown model {model!r}"))
-    scorer = req.scorer or _pick_default(
+    scorer = req.scorer if req.scorer is not None else _pick_default(
         settings.default_scorer, "tiny-clip", is_known_scorer(settings.default_scorer)
     )
     if not is_known_scorer(scorer):

@@ -90,6 +90,11 @@ class Settings(BaseSettings):
     worker_name: str | None = None
     """Name recorded on candidates; default hostname:pid."""
 
+    max_body_bytes: int = 1024 * 1024
+    """Largest request body the API reads (413 above it). 1 MiB holds any goal and an
+    iteration of a few hundred prompts (the largest iteration the schema allows, 256 prompts
+    with 8 regions and every text at its longest, does not fit: 413)."""
+
     @model_validator(mode="after")
     def _lease_fits_visibility(self) -> Settings:
         if self.lease_seconds <= 0 or self.lease_seconds >= self.visibility_timeout:

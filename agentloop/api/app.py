@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import OperationalError
 
+from agentloop.api.errors import BodyLimit, install_error_handlers
+from agentloop.api.openapi import openapi_with_limits
 from agentloop.api.routes import router
 from agentloop.dispatch import Dispatcher
 from agentloop.settings import Settings, get_settings
@@ -63,17 +64,13 @@ def create_app(
         "CLIPScore = 2.5 * max(cos, 0) (Hessel et al. 2021).",
         lifespan=lifespan,
     )
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.include_router(router)
+    app.openapi = lambda: openapi_with_limits(app, settings)  # type: ignore[method-assign]
 
-    @app.exception_handler(OperationalError)
-    async def database_unavailable(_request: Request, exc: OperationalError) -> JSONResponse:
-        """The database went away (restart, failover): 503, retry later; never a hang or 500."""
-        return JSONResponse(
-            {"detail": "the database is unavailable; retry shortly"}, status_code=503,
-            headers={"Retry-After": "5"},
-        )
+    install_error_handlers(app, settings)
 
-    @app.get("/healthz")
+    @app.get("/healthz", responses={503: {"description": "the database does not answer"}})
     def healthz() -> JSONResponse:
         """Liveness and database reachability (503 when the database does not answer)."""
         try:

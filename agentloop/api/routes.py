@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, status
+from fastapi import APIRouter, HTTPException, Query, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse
+from pydantic import Field
 
 from agentloop.api.deps import DispatcherDep, SettingsDep, StoreDep
 from agentloop.api.schemas import (
@@ -16,7 +18,14 @@ from agentloop.api.schemas import (
     IterationIn,
 )
 from agentloop.dispatch import dispatch_generation
-from agentloop.domain import CandidateDraft, GoalInvalid, GoalRequest, check_goal
+from agentloop.domain import (
+    CandidateDraft,
+    GoalInvalid,
+    GoalRequest,
+    SafeStr,
+    TenantName,
+    check_goal,
+)
 from agentloop.orchestrator import (
     IterationRejected,
     cancel_goal,
@@ -28,6 +37,21 @@ from agentloop.revisers import derive_seed
 
 router = APIRouter(prefix="/v1")
 
+GoalId = Annotated[SafeStr, Field(max_length=64)]
+"""A goal id in a path (ids are 32 hex digits; anything else storable is simply not found)."""
+
+ArtifactName = Annotated[SafeStr, Field(max_length=255)]
+"""An image's file name in a path."""
+
+
+def _answers(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI entries for the error answers a route gives, each `{"detail": ...}` (every
+    route may answer 503 while the database is away)."""
+    text = {400: "the body is not UTF-8", 404: "not found",
+            409: "not possible in the goal's state", 413: "body too large",
+            503: "the task broker or the database is unavailable"}
+    return {code: {"description": text[code]} for code in {*codes, 503}}
+
 
 def _goal_or_404(store: StoreDep, goal_id: str) -> GoalOut:
     state = store.get_state(goal_id)
@@ -36,7 +60,10 @@ def _goal_or_404(store: StoreDep, goal_id: str) -> GoalOut:
     return GoalOut.of(state.goal, state)
 
 
-@router.post("/goals", status_code=status.HTTP_201_CREATED, response_model=GoalOut)
+@router.post(
+    "/goals", status_code=status.HTTP_201_CREATED, response_model=GoalOut,
+    responses=_answers(400, 413, 503),
+)
 def create_goal(body: GoalRequest, store: StoreDep, dispatcher: DispatcherDep, settings: SettingsDep) -> GoalOut:
     """Create a goal and start its loop."""
     try:
@@ -57,19 +84,24 @@ def create_goal(body: GoalRequest, store: StoreDep, dispatcher: DispatcherDep, s
 
 
 @router.get("/goals", response_model=list[GoalOut])
-def list_goals(store: StoreDep, limit: int = 50, tenant: str | None = None) -> list[GoalOut]:
+def list_goals(
+    store: StoreDep, limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    tenant: TenantName | None = None,
+) -> list[GoalOut]:
     """The most recent goals."""
-    return [GoalOut.of(g) for g in store.list_goals(min(max(limit, 1), 500), tenant)]
+    return [GoalOut.of(g) for g in store.list_goals(limit, tenant)]
 
 
-@router.get("/goals/{goal_id}", response_model=GoalOut)
-def get_goal(goal_id: str, store: StoreDep) -> GoalOut:
+@router.get("/goals/{goal_id}", response_model=GoalOut, responses=_answers(404))
+def get_goal(goal_id: GoalId, store: StoreDep) -> GoalOut:
     """A goal with its iterations and best candidate."""
     return _goal_or_404(store, goal_id)
 
 
-@router.get("/goals/{goal_id}/candidates", response_model=list[CandidateOut])
-def list_candidates(goal_id: str, store: StoreDep) -> list[CandidateOut]:
+@router.get(
+    "/goals/{goal_id}/candidates", response_model=list[CandidateOut], responses=_answers(404)
+)
+def list_candidates(goal_id: GoalId, store: StoreDep) -> list[CandidateOut]:
     """Every candidate of a goal, in iteration order."""
     _goal_or_404(store, goal_id)
     return [CandidateOut.of(c) for c in store.list_candidates(goal_id)]
@@ -77,10 +109,10 @@ def list_candidates(goal_id: str, store: StoreDep) -> list[CandidateOut]:
 
 @router.post(
     "/goals/{goal_id}/iterations", status_code=status.HTTP_201_CREATED,
-    response_model=IterationAccepted,
+    response_model=IterationAccepted, responses=_answers(400, 404, 409, 413, 503),
 )
 def add_iteration(
-    goal_id: str, body: IterationIn, store: StoreDep, dispatcher: DispatcherDep,
+    goal_id: GoalId, body: IterationIn, store: StoreDep, dispatcher: DispatcherDep,
     settings: SettingsDep,
 ) -> IterationAccepted:
     """Supply the next iteration's prompts (goals with reviser 'external')."""
@@ -119,8 +151,8 @@ def add_iteration(
     return IterationAccepted(goal_id=goal_id, iteration=index, candidate_ids=decision.dispatch)
 
 
-@router.post("/goals/{goal_id}/close", response_model=GoalOut)
-def close(goal_id: str, store: StoreDep) -> GoalOut:
+@router.post("/goals/{goal_id}/close", response_model=GoalOut, responses=_answers(404, 409))
+def close(goal_id: GoalId, store: StoreDep) -> GoalOut:
     """End a goal that waits for its caller's prompts."""
     _goal_or_404(store, goal_id)
     try:
@@ -130,8 +162,8 @@ def close(goal_id: str, store: StoreDep) -> GoalOut:
     return _goal_or_404(store, goal_id)
 
 
-@router.post("/goals/{goal_id}/cancel", response_model=GoalOut)
-def cancel(goal_id: str, store: StoreDep) -> GoalOut:
+@router.post("/goals/{goal_id}/cancel", response_model=GoalOut, responses=_answers(404, 409))
+def cancel(goal_id: GoalId, store: StoreDep) -> GoalOut:
     """Cancel an unfinished goal: nothing more of it is generated (idempotent)."""
     _goal_or_404(store, goal_id)
     try:
@@ -141,8 +173,11 @@ def cancel(goal_id: str, store: StoreDep) -> GoalOut:
     return _goal_or_404(store, goal_id)
 
 
-@router.get("/artifacts/{goal_id}/{name}")
-def get_artifact(goal_id: str, name: str, settings: SettingsDep) -> FileResponse:
+@router.get(
+    "/artifacts/{goal_id}/{name}", response_class=FileResponse,
+    responses={200: {"content": {"image/png": {}}, "description": "a PNG"}, **_answers(404)},
+)
+def get_artifact(goal_id: GoalId, name: ArtifactName, settings: SettingsDep) -> FileResponse:
     """A generated image."""
     root = settings.resolved_artifacts_dir()
     path = (root / goal_id / name).resolve()

@@ -2,15 +2,33 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Any
+from datetime import UTC, datetime
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from agentloop.domain import CandidateView, GoalState, GoalView, IterationView
+from agentloop.domain import (
+    MAX_SEED,
+    CandidateView,
+    FiniteFloat,
+    GoalState,
+    GoalView,
+    IterationView,
+    PromptText,
+)
 from agentloop.layout import MAX_REGIONS
 
 SCORE_SCALE = "CLIPScore = 2.5 * max(cos, 0), Hessel et al. 2021; range 0 to 2.5"
+
+
+def _as_utc(value: datetime) -> datetime:
+    # The store keeps naive UTC (one form on every backend); answers carry the offset.
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+UtcDateTime = Annotated[datetime, AfterValidator(_as_utc)]
+"""A timestamp in UTC that carries its offset: RFC 3339 in JSON (`2025-01-02T03:04:05Z`).
+A naive value (as stored) is read as UTC."""
 
 
 class CandidateOut(BaseModel):
@@ -34,9 +52,9 @@ class CandidateOut(BaseModel):
     error: str | None
     parent_id: str | None
     edit: str | None
-    queued_at: datetime | None
-    started_at: datetime | None
-    finished_at: datetime | None
+    queued_at: UtcDateTime | None
+    started_at: UtcDateTime | None
+    finished_at: UtcDateTime | None
 
     @classmethod
     def of(cls, c: CandidateView) -> CandidateOut:
@@ -79,8 +97,8 @@ class GoalOut(BaseModel):
     score_scale: str = SCORE_SCALE
     best_candidate: CandidateOut | None
     iterations: list[IterationOut]
-    created_at: datetime | None
-    finished_at: datetime | None
+    created_at: UtcDateTime | None
+    finished_at: UtcDateTime | None
 
     @classmethod
     def of(cls, goal: GoalView, state: GoalState | None = None) -> GoalOut:
@@ -102,9 +120,9 @@ class RegionIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    prompt: str = Field(min_length=1, max_length=2000)
-    x: float = Field(ge=0, le=1, description="anchor, 0 = left edge, 1 = right edge")
-    y: float = Field(ge=0, le=1, description="anchor, 0 = top edge, 1 = bottom edge")
+    prompt: Annotated[PromptText, Field(min_length=1)]
+    x: FiniteFloat = Field(ge=0, le=1, description="anchor, 0 = left edge, 1 = right edge")
+    y: FiniteFloat = Field(ge=0, le=1, description="anchor, 0 = top edge, 1 = bottom edge")
 
 
 class PromptIn(BaseModel):
@@ -112,14 +130,14 @@ class PromptIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    prompt: str = Field(min_length=1, max_length=2000)
-    seed: int | None = Field(default=None, ge=0, lt=2**63)
-    negative_prompt: str | None = None
+    prompt: Annotated[PromptText, Field(min_length=1)]
+    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
+    negative_prompt: PromptText | None = None
     variation_seed: int | None = Field(
-        default=None, ge=0, lt=2**63,
+        default=None, ge=0, le=MAX_SEED,
         description="blend this seed's initial noise into the seed's (with variation_strength)",
     )
-    variation_strength: float = Field(default=0.0, ge=0, le=1)
+    variation_strength: FiniteFloat = Field(default=0.0, ge=0, le=1)
     regions: list[RegionIn] = Field(
         default_factory=list, max_length=MAX_REGIONS,
         description="a layout: each region's prompt draws the area nearest its anchor; the "

@@ -1,0 +1,59 @@
+"""The OpenAPI schema, with this deployment's goal limits written into `GoalRequest`.
+
+`check_goal` checks ranges against the settings (so that one answer names every bad field);
+here the same ranges are written into the schema, so that a body the schema calls valid is
+one the API accepts, and a client (or schemathesis) can read the limits off `/openapi.json`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+
+from agentloop.domain import GOAL_PATTERN, MAX_ITERATIONS, MAX_SEED
+from agentloop.settings import Settings
+
+
+def _constrain(prop: dict[str, Any], **rules: Any) -> None:
+    """Add JSON Schema rules to a property, or to the non-null branch of an optional one."""
+    for branch in prop.get("anyOf", [prop]):
+        if branch.get("type") != "null":
+            branch.update(rules)
+
+
+def goal_request_limits(settings: Settings) -> dict[str, dict[str, Any]]:
+    """JSON Schema rules per `GoalRequest` field: what `check_goal` enforces, as data."""
+    from engine.catalog import known_models, known_scorers
+
+    return {
+        "goal": {"maxLength": settings.max_goal_chars, "pattern": GOAL_PATTERN},
+        "budget": {"minimum": 1, "maximum": settings.max_budget},
+        "fanout": {"minimum": 1, "maximum": settings.max_fanout},
+        "max_iterations": {"minimum": 1, "maximum": MAX_ITERATIONS},
+        "patience": {"minimum": 1, "maximum": MAX_ITERATIONS},
+        "target_score": {"exclusiveMinimum": 0, "maximum": 2.5},
+        "guidance": {"minimum": 0},
+        "seed": {"minimum": 0, "maximum": MAX_SEED},
+        "steps": {"minimum": 1, "maximum": settings.max_steps},
+        "size": {"minimum": 8, "maximum": settings.max_size - settings.max_size % 8,
+                 "multipleOf": 8},
+        # Local pipeline folders and open_clip "<model>:<tag>" names are accepted too; the
+        # enum lists what this deployment has at hand.
+        "model": {"enum": known_models(settings.extra_models)},
+        "scorer": {"enum": known_scorers()},
+    }
+
+
+def openapi_with_limits(app: FastAPI, settings: Settings) -> dict[str, Any]:
+    """The app's OpenAPI schema (built once) with `goal_request_limits` applied."""
+    if app.openapi_schema is None:
+        schema = get_openapi(
+            title=app.title, version=app.version, description=app.description, routes=app.routes,
+        )
+        props = schema["components"]["schemas"]["GoalRequest"]["properties"]
+        for name, rules in goal_request_limits(settings).items():
+            _constrain(props[name], **rules)
+        app.openapi_schema = schema
+    return app.openapi_schema

@@ -1,0 +1,40 @@
+"""schemathesis against the live app's own OpenAPI: every built-in check, valid and invalid
+data, over the real store on PostgreSQL (where NUL and over-long values fail, unlike SQLite)
+and a recording dispatcher."""
+
+from __future__ import annotations
+
+import pytest
+import schemathesis
+from fastapi import FastAPI
+from hypothesis import HealthCheck, settings
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def db_url(pg_url: str) -> str:
+    """PostgreSQL only: it is the backend that refuses what SQLite silently stores."""
+    return pg_url
+
+
+@pytest.fixture
+def api_schema(app: FastAPI) -> schemathesis.BaseSchema:
+    return schemathesis.openapi.from_asgi("/openapi.json", app)
+
+
+@pytest.fixture(autouse=True)
+def _node_id_for_schemathesis(request: pytest.FixtureRequest) -> None:
+    # schemathesis 4.32 reads `node._nodeid` to name each operation's subtest; pytest 9.2
+    # renamed that private attribute, so give it one to read (used for reporting only).
+    if not hasattr(request.node, "_nodeid"):
+        request.node._nodeid = request.node.nodeid
+
+
+schema = schemathesis.pytest.from_fixture("api_schema")
+
+
+@schema.parametrize()
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+def test_every_operation_passes_every_check(case: schemathesis.Case) -> None:
+    case.call_and_validate()
