@@ -9,6 +9,7 @@ from agentloop.store import Store
 from workers.app import app
 from workers.celery_dispatch import CeleryDispatcher
 from workers.jobs import WorkerContext, advance_goal_job, generate_job
+from workers.residency import Residency
 
 _ctx: WorkerContext | None = None
 _ctx_lock = threading.Lock()
@@ -23,7 +24,7 @@ def worker_context() -> WorkerContext:
             _ctx = WorkerContext(
                 store=Store(settings.resolved_database_url()),
                 dispatcher=CeleryDispatcher(app),
-                settings=settings,
+                settings=settings, residency=Residency.for_settings(settings),
             )
         return _ctx
 
