@@ -19,7 +19,11 @@ and candidates back through the API, and reports:
   private Redis; not this load generator) minus the engine and scorer seconds recorded in the
   candidates' timings, divided by the candidates; beside it the wall seconds per candidate
   (1 / candidates per second). Both against the shapes model's seconds per image, measured
-  by this run (a batch at the model's default steps, after a warm-up).
+  by this run after the burst (a batch at the model's default steps, after a warm-up, on one
+  torch thread): CPU against CPU, wall against wall.
+
+The best set-up on a 2-core machine (docs/benchmarks.md) was
+`--control-pool threads --control-concurrency 2 --gen-workers 2 --generation-batch 16`.
 
 The last line printed is one JSON object with every figure.
 """
@@ -138,6 +142,7 @@ class ClusterConfig:
     generation_batch: int | None = None
     beat: str = "auto"  # auto: start `celery beat` when workers.app has a schedule
     redis_url: str | None = None  # None: a private redis-server on a free port
+    pg_options: str | None = None  # PGOPTIONS for the service's connections (a diagnostic)
 
 
 @dataclass
@@ -240,6 +245,8 @@ def cluster(cfg: ClusterConfig, workdir: Path, admin_url: str = PG_ADMIN_URL) ->
         }
         if cfg.generation_batch is not None:
             env["AGENTLOOP_GENERATION_BATCH"] = str(cfg.generation_batch)
+        if cfg.pg_options is not None:
+            env["PGOPTIONS"] = cfg.pg_options
         subprocess.run(
             [str(BIN / "agentloop"), "db", "upgrade"], env=env, check=True, timeout=120,
             capture_output=True,
@@ -459,6 +466,7 @@ def _figures(
         "control_workers": args.control_workers, "control_concurrency": args.control_concurrency,
         "control_pool": args.control_pool, "gen_workers": args.gen_workers,
         "generation_batch": args.generation_batch, "beat": c.beat,
+        "pg_options": args.pg_options,
         "accepted": len(by_id), "ended": len(ended),
         "done": sum(v["status"] == "done" for v in ended.values()),
         "lost_goals": len(by_id) - len(ended),
@@ -575,6 +583,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--size", type=int, default=32)
     ap.add_argument("--beat", default="auto", choices=["auto", "on", "off"])
     ap.add_argument("--redis-url", default=None, help="default: a private redis-server")
+    ap.add_argument("--pg-options", default=None,
+                    help="PGOPTIONS for the service, a diagnostic only: e.g. "
+                         "'-c synchronous_commit=off' shows what the commits' flushes cost")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds for the goals to end")
     ap.add_argument("--shapes-n", type=int, default=16, help="shapes images timed (0: skip)")
     ap.add_argument("--quick", action="store_true", help="4 goals x 4, 4 clients, 2 shapes images")
@@ -587,6 +598,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         control_workers=args.control_workers, control_concurrency=args.control_concurrency,
         control_pool=args.control_pool, gen_workers=args.gen_workers, model=args.model,
         generation_batch=args.generation_batch, beat=args.beat, redis_url=args.redis_url,
+        pg_options=args.pg_options,
     )  # fmt: skip
     workdir = Path(tempfile.mkdtemp(prefix="agentloop-queue-bench-"))
     try:
