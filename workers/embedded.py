@@ -22,7 +22,7 @@ def embedded_runtime(
     dispatcher = InProcessDispatcher()
     ctx = WorkerContext(
         store=store, dispatcher=dispatcher, settings=settings,
-        residency=residency or Residency(extra_models=tuple(settings.extra_models)),
+        residency=residency or Residency.for_settings(settings),
         worker_name=settings.worker_name or "embedded",
     )
     dispatcher.bind(lambda gid: advance_goal_job(ctx, gid), lambda ids: generate_job(ctx, ids))

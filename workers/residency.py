@@ -5,9 +5,12 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from engine.config import EngineConfig
+
+if TYPE_CHECKING:
+    from agentloop.settings import Settings
 
 T = TypeVar("T")
 
@@ -32,23 +35,49 @@ class Residency:
     """Loads runners and scorers on first use and keeps them; one generation at a time.
 
     `lock` serializes use of the models: a GPU worker runs one batch at a time anyway, and
-    the embedded mode may call from several threads.
+    the embedded mode may call from several threads. With `noop` it hands out
+    `engine.noop.NoopRunner` and `NoopScorer` instead (no torch, no weights): reserved for
+    `bench/queue.py`, which measures the queue around the engine.
     """
 
     def __init__(
         self, config: EngineConfig | None = None, extra_models: tuple[str, ...] = (),
-        capacity: int = 2,
+        capacity: int = 2, noop: bool = False,
     ):
-        from engine.runner import Runner
-        from engine.scorer import Scorer
-
         self.config = config or EngineConfig()
+        self.extra_models, self.noop = extra_models, noop
         self.lock = threading.Lock()
-        self._runners = _LRU(capacity, lambda m: Runner(m, self.config, extra_models=extra_models))
-        self._scorers = _LRU(capacity, lambda s: Scorer(s, device=self.config.device))
+        # engine modules are imported on first use: a control worker holds a residency too
+        # and never generates, so it must not pay for importing torch
+        self._runners: _LRU[Any] = _LRU(capacity, self._build_runner)
+        self._scorers: _LRU[Any] = _LRU(capacity, self._build_scorer)
+
+    @classmethod
+    def for_settings(cls, settings: Settings) -> Residency:
+        """The residency these settings ask for: their extra models, and the no-op engine
+        when `engine_noop` is on."""
+        return cls(extra_models=tuple(settings.extra_models), noop=settings.engine_noop)
 
     def runner(self, model: str):  # noqa: ANN201 - engine.runner.Runner, imported lazily
         return self._runners.get(model)
 
     def scorer(self, name: str):  # noqa: ANN201 - engine.scorer.Scorer, imported lazily
         return self._scorers.get(name)
+
+    def _build_runner(self, model: str) -> Any:
+        if self.noop:
+            from engine.noop import NoopRunner
+
+            return NoopRunner(model)
+        from engine.runner import Runner
+
+        return Runner(model, self.config, extra_models=self.extra_models)
+
+    def _build_scorer(self, name: str) -> Any:
+        if self.noop:
+            from engine.noop import NoopScorer
+
+            return NoopScorer(name)
+        from engine.scorer import Scorer
+
+        return Scorer(name, device=self.config.device)

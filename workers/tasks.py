@@ -20,6 +20,7 @@ from workers.jobs import (
     reconcile,
     transient_errors,
 )
+from workers.residency import Residency
 
 _ctx: WorkerContext | None = None
 _ctx_lock = threading.Lock()
@@ -42,7 +43,7 @@ def worker_context() -> WorkerContext:
             _ctx = WorkerContext(
                 store=Store(settings.resolved_database_url(), settings.db_connect_timeout),
                 dispatcher=CeleryDispatcher(app),
-                settings=settings,
+                settings=settings, residency=Residency.for_settings(settings),
             )
         return _ctx
 
