@@ -84,7 +84,7 @@ class Settings(BaseSettings):
     """Reserved for `bench/queue.py`: workers skip denoising and CLIP (a flat image, a score
     derived from the prompt), so the queue itself is what is measured. Never for real goals."""
 
-    generation_batch: int = 8
+    generation_batch: int = 16
     """Most candidates in one generation task (they run as one batch on the worker)."""
 
     worker_name: str | None = None

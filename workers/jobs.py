@@ -163,7 +163,7 @@ def _generate_and_record(ctx: WorkerContext, token: str, claimed: list[Candidate
     """Generate and score claimed candidates, which may belong to several goals and models."""
     residency = ctx.residency or Residency()
     ctx.residency = residency
-    texts = {gid: _goal_text(ctx, gid) for gid in {c.goal_id for c in claimed}}
+    texts = ctx.store.goal_texts(sorted({c.goal_id for c in claimed}))
     done: list[str] = []
     by_model: dict[tuple[str, str], list[CandidateView]] = {}
     for c in claimed:
@@ -216,13 +216,6 @@ def _refuse_invalid(
         kept.append(c)
         requests.append(request)
     return kept, requests
-
-
-def _goal_text(ctx: WorkerContext, goal_id: str) -> str:
-    goal = ctx.store.get_goal(goal_id)
-    if goal is None:
-        raise LookupError(f"goal {goal_id} vanished while its candidates were generated")
-    return goal.text
 
 
 def _request(c: CandidateView) -> GenerationRequest:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, delete, event, func, select, text, update
+from sqlalchemy import Engine, create_engine, delete, event, func, insert, select, text, update
 from sqlalchemy.orm import Session
 
 from agentloop.domain import (
@@ -135,6 +135,12 @@ class Store:
         with self._tx() as s:
             row = s.get(GoalRow, goal_id)
             return _goal_view(row) if row else None
+
+    def goal_texts(self, goal_ids: Sequence[str]) -> dict[str, str]:
+        """Each existing goal's text, in one query (what its candidates are scored against)."""
+        with self._tx() as s:
+            rows = s.execute(select(GoalRow.id, GoalRow.text).where(GoalRow.id.in_(list(goal_ids))))
+            return {gid: text for gid, text in rows}
 
     def list_goals(self, limit: int = 50, tenant: str | None = None) -> list[GoalView]:
         stmt = select(GoalRow).order_by(GoalRow.created_at.desc()).limit(limit)
@@ -560,30 +566,31 @@ def _insert_iteration(s: Session, state: GoalState, d: Decision, now: datetime) 
     if reserved.rowcount != 1:  # type: ignore[attr-defined]
         raise BudgetExceeded(f"goal {goal.id}: {n} more generations would exceed its budget")
     index = max((it.index for it in state.iterations), default=-1) + 1
-    iteration = IterationRow(
-        goal_id=goal.id, index=index, status=IterationStatus.OPEN.value, notes=d.notes,
-        created_at=now,
-    )
-    s.add(iteration)
-    s.flush()
+    # Core inserts, not ORM objects: one iteration and its candidates are the hot path of
+    # every goal, and the unit of work costs more than the statements themselves
+    iteration_id = s.execute(
+        insert(IterationRow)
+        .values(goal_id=goal.id, index=index, status=IterationStatus.OPEN.value,
+                notes=d.notes, created_at=now)
+        .returning(IterationRow.id)
+    ).scalar_one()
     spec = goal.spec
     params = {
         "model": spec.model, "scorer": spec.scorer, "width": spec.size, "height": spec.size,
         "steps": spec.steps, "guidance": spec.guidance,
     }
-    for ordinal, draft in enumerate(d.new_candidates):
-        cid = new_id()
-        s.add(
-            CandidateRow(
-                id=cid, goal_id=goal.id, iteration_id=iteration.id, iteration=index,
-                ordinal=ordinal, prompt=draft.prompt, negative_prompt=draft.negative_prompt,
-                seed=draft.seed, params=params | draft.noise_and_layout_params(),
-                status=CandidateStatus.QUEUED.value,
-                attempts=0, part_scores={}, timings={}, parent_id=draft.parent_id,
-                edit=draft.edit, queued_at=now,
-            )
-        )
-        d.dispatch.append(cid)
+    rows = [
+        {
+            "id": new_id(), "goal_id": goal.id, "iteration_id": iteration_id, "iteration": index,
+            "ordinal": ordinal, "prompt": draft.prompt, "negative_prompt": draft.negative_prompt,
+            "seed": draft.seed, "params": params | draft.noise_and_layout_params(),
+            "status": CandidateStatus.QUEUED.value, "attempts": 0, "part_scores": {},
+            "timings": {}, "parent_id": draft.parent_id, "edit": draft.edit, "queued_at": now,
+        }
+        for ordinal, draft in enumerate(d.new_candidates)
+    ]
+    s.connection().execute(insert(CandidateRow.__table__), rows)
+    d.dispatch.extend(row["id"] for row in rows)
 
 
 # rows → views -------------------------------------------------------------------------
