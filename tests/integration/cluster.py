@@ -248,6 +248,9 @@ class Cluster:
             **os.environ,
             "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
             "PYTHONUNBUFFERED": "1",
+            # One torch thread per process: on a small shared machine two threads per worker
+            # oversubscribe the cores and a batch runs 10-30x slower (measured).
+            "OMP_NUM_THREADS": "1",
             "AGENTLOOP_DATABASE_URL": self.db_url,
             "AGENTLOOP_BROKER_URL": self.redis.url,
             "AGENTLOOP_DATA_DIR": str(self.tmp / "data"),
@@ -316,6 +319,19 @@ class Cluster:
         proc = self.procs.get(name_or_role) or self.current(name_or_role)
         _kill_group(proc.popen)
         return proc
+
+    def freeze_pool(self, name_or_role: str) -> list[int]:
+        """SIGSTOP a worker's pool processes (not its main process, which keeps reserving
+        messages and handing them to the frozen pool): a message it takes now stays in hand,
+        unacknowledged, until the worker is killed. Returns the frozen pids."""
+        proc = self.procs.get(name_or_role) or self.current(name_or_role)
+        out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(proc.popen.pid)],
+                             capture_output=True, text=True).stdout
+        pids = [int(pid) for pid in out.split()]
+        assert pids, f"{proc.name} has no pool processes"
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        return pids
 
     def restart(self, role: str, wait: bool = True) -> Proc:
         """SIGKILL the current process of `role` and start a new one at once."""
