@@ -333,6 +333,16 @@ class Cluster:
             os.kill(pid, signal.SIGSTOP)
         return pids
 
+    def freeze(self, name_or_role: str) -> Proc:
+        """SIGSTOP a whole process group: alive, holding its claims and sockets, doing nothing."""
+        proc = self.procs.get(name_or_role) or self.current(name_or_role)
+        os.killpg(proc.popen.pid, signal.SIGSTOP)
+        return proc
+
+    def thaw(self, name: str) -> None:
+        """SIGCONT a frozen process group."""
+        os.killpg(self.procs[name].popen.pid, signal.SIGCONT)
+
     def restart(self, role: str, wait: bool = True) -> Proc:
         """SIGKILL the current process of `role` and start a new one at once."""
         self.kill(role)
