@@ -16,7 +16,6 @@ from collections.abc import Sequence
 from PIL import Image
 
 from engine.types import (
-    MAX_REGIONS,
     GenerationRequest,
     GenerationResult,
     ScoreRequest,
@@ -42,21 +41,7 @@ class NoopRunner:
 
     def validate(self, request: GenerationRequest) -> None:
         """Raise ValueError for what no real runner would serve either (so refusals still flow)."""
-        problems = []
-        if request.model != self.model:
-            problems.append(f"model {request.model!r} but this runner serves {self.model!r}")
-        for side in ("width", "height"):
-            value = getattr(request, side)
-            if value < NOOP_SIZE_MULTIPLE or value % NOOP_SIZE_MULTIPLE:
-                problems.append(
-                    f"{side} {value} is not a positive multiple of {NOOP_SIZE_MULTIPLE}"
-                )
-        if request.steps < 1:
-            problems.append(f"steps {request.steps} < 1")
-        if not (0 <= request.seed < 2**64):
-            problems.append(f"seed {request.seed} outside [0, 2**64)")
-        if len(request.regions) > MAX_REGIONS:
-            problems.append(f"{len(request.regions)} regions; at most {MAX_REGIONS}")
+        problems = request.problems(self.model, NOOP_SIZE_MULTIPLE)
         if problems:
             raise ValueError(f"invalid request {request.prompt!r}: " + "; ".join(problems))
 

@@ -31,7 +31,7 @@ from diffusers import DiffusionPipeline, FluxPipeline, StableDiffusionPipeline
 from engine.config import EngineConfig
 from engine.loading import load_pipeline
 from engine.regions import region_weights
-from engine.types import MAX_REGIONS, GenerationRequest, GenerationResult
+from engine.types import GenerationRequest, GenerationResult
 
 TEXT_CACHE_SIZE = 4096
 """Most texts whose embeddings the runner keeps (least recently used are dropped)."""
@@ -128,25 +128,7 @@ class Runner:
 
     def validate(self, request: GenerationRequest) -> None:
         """Raise ValueError if this runner cannot serve ``request``."""
-        m = self.size_multiple
-        problems = []
-        if request.model != self.model:
-            problems.append(f"model {request.model!r} but this runner serves {self.model!r}")
-        for side in ("width", "height"):
-            value = getattr(request, side)
-            if value < m or value % m:
-                problems.append(f"{side} {value} is not a positive multiple of {m}")
-        if request.steps < 1:
-            problems.append(f"steps {request.steps} < 1")
-        if not (0 <= request.seed < 2**64):
-            problems.append(f"seed {request.seed} outside [0, 2**64)")
-        if not math.isfinite(request.guidance) or request.guidance < 0:
-            problems.append(f"guidance {request.guidance} is not a finite number >= 0")
-        strength = request.variation_strength
-        if not (math.isfinite(strength) and 0 <= strength <= 1):
-            problems.append(f"variation_strength {strength} is not a finite number in [0, 1]")
-        if request.variation_seed is not None and not (0 <= request.variation_seed < 2**64):
-            problems.append(f"variation_seed {request.variation_seed} outside [0, 2**64)")
+        problems = request.problems(self.model, self.size_multiple)
         if request.has_variation and not isinstance(self.pipe, _VARIATION_PIPELINES):
             problems.append(f"variations are not supported for {type(self.pipe).__name__}")
         if request.regions:
@@ -160,8 +142,6 @@ class Runner:
             problems.append(f"regions are supported for FluxPipeline only, not {type(self.pipe).__name__}")
         elif getattr(self.pipe.scheduler.config, "stochastic_sampling", False):
             problems.append("regions need a deterministic scheduler (stochastic_sampling is on)")
-        if len(request.regions) > MAX_REGIONS:
-            problems.append(f"{len(request.regions)} regions; at most {MAX_REGIONS}")
         for k, region in enumerate(request.regions):
             if not region.prompt.strip():
                 problems.append(f"region {k} has an empty prompt")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +57,31 @@ class GenerationRequest:
     def denoiser_passes(self) -> int:
         """Denoiser passes per step (per guidance branch): one, or one per region."""
         return max(1, len(self.regions))
+
+    def problems(self, model: str, size_multiple: int) -> list[str]:
+        """What makes this request unservable by any runner of `model` whose image sides
+        must be multiples of `size_multiple` (a runner adds what its pipeline cannot do)."""
+        problems = []
+        if self.model != model:
+            problems.append(f"model {self.model!r} but this runner serves {model!r}")
+        for side in ("width", "height"):
+            value = getattr(self, side)
+            if value < size_multiple or value % size_multiple:
+                problems.append(f"{side} {value} is not a positive multiple of {size_multiple}")
+        if self.steps < 1:
+            problems.append(f"steps {self.steps} < 1")
+        if not (0 <= self.seed < 2**64):
+            problems.append(f"seed {self.seed} outside [0, 2**64)")
+        if not math.isfinite(self.guidance) or self.guidance < 0:
+            problems.append(f"guidance {self.guidance} is not a finite number >= 0")
+        strength = self.variation_strength
+        if not (math.isfinite(strength) and 0 <= strength <= 1):
+            problems.append(f"variation_strength {strength} is not a finite number in [0, 1]")
+        if self.variation_seed is not None and not (0 <= self.variation_seed < 2**64):
+            problems.append(f"variation_seed {self.variation_seed} outside [0, 2**64)")
+        if len(self.regions) > MAX_REGIONS:
+            problems.append(f"{len(self.regions)} regions; at most {MAX_REGIONS}")
+        return problems
 
     def batch_key(self) -> tuple[int, int, int, float, str, int]:
         """Requests with equal keys can run as one batch (variations batch with plain requests;

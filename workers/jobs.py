@@ -190,9 +190,14 @@ def _generate_and_record(ctx: WorkerContext, token: str, claimed: list[Candidate
                 cand.id, score.clip_score, score.part_scores,
                 str(files[cand.id].relative_to(root)), {**result.timings, **shared},
             ))
-        recorded = ctx.store.complete_candidates(token, outcomes)
-        for cid in set(files) - set(recorded):  # our claim was lost: the image is not ours to keep
-            files[cid].unlink(missing_ok=True)
+        try:
+            recorded = ctx.store.complete_candidates(token, outcomes)
+        except BaseException:  # the database went away: nothing recorded, nothing kept
+            recorded = []
+            raise
+        finally:  # an image whose claim was lost, or that was never recorded, is not ours
+            for cid in set(files) - set(recorded):
+                files[cid].unlink(missing_ok=True)
         done.extend(recorded)
     return done
 

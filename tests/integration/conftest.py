@@ -33,8 +33,10 @@ def postgres_server() -> Iterator[PostgresServer]:
         server.destroy()
 
 
-def make_cluster(db_url: str, redis: RedisServer, tmp: Path) -> Iterator[Cluster]:
-    cluster = Cluster(db_url=db_url, redis=redis, tmp=tmp)
+def make_cluster(
+    db_url: str, redis: RedisServer, tmp: Path, extra_env: dict[str, str] | None = None
+) -> Iterator[Cluster]:
+    cluster = Cluster(db_url=db_url, redis=redis, tmp=tmp, extra_env=extra_env or {})
     try:
         cluster.upgrade()
         cluster.start_all()
@@ -55,3 +57,22 @@ def pg_cluster(postgres_server: PostgresServer, redis_server: RedisServer,
                tmp_path: Path) -> Iterator[Cluster]:
     """The same processes on a throwaway PostgreSQL (`postgres_server`) that may crash."""
     yield from make_cluster(postgres_server.create_database(), redis_server, tmp_path)
+
+
+@pytest.fixture
+def default_cluster(
+    pg_empty_url: str, redis_server: RedisServer, tmp_path: Path
+) -> Iterator[Cluster]:
+    """The same processes with the shipped lease and sweep settings, not the test's short ones:
+    what a deployment gets."""
+    from agentloop.settings import Settings
+
+    shipped = Settings()
+    env = {
+        "AGENTLOOP_LEASE_SECONDS": str(shipped.lease_seconds),
+        "AGENTLOOP_SWEEP_INTERVAL_SECONDS": str(shipped.sweep_interval_seconds),
+        "AGENTLOOP_OUTBOX_GRACE_SECONDS": str(shipped.outbox_grace_seconds),
+        "AGENTLOOP_REDISPATCH_AFTER_SECONDS": str(shipped.redispatch_after_seconds),
+        "AGENTLOOP_STALL_AFTER_SECONDS": str(shipped.stall_after_seconds),
+    }
+    yield from make_cluster(pg_empty_url, redis_server, tmp_path, env)
