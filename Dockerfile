@@ -9,5 +9,5 @@ COPY engine ./engine
 COPY kernels ./kernels
 COPY migrations ./migrations
 COPY models ./models
-RUN pip install --no-cache-dir -e .
+RUN pip install --no-cache-dir -e ".[server,gpu]"
 ENV AGENTLOOP_MODELS_DIR=/app/models

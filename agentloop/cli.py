@@ -6,13 +6,17 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 
+# Light: pydantic only. The server side (settings, store, engine) is imported inside the
+# commands that need it, so the client install (`pip install agentloop`) runs the rest.
 from agentloop.domain import GoalInvalid, GoalRequest, GoalStatus, check_goal
-from agentloop.settings import Settings, get_settings
+
+if TYPE_CHECKING:
+    from agentloop.settings import Settings
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Agent-driven generation loops.")
 db_app = typer.Typer(no_args_is_help=True, help="Database schema (Alembic migrations).")
@@ -23,6 +27,29 @@ err = Console(stderr=True)
 def _fail(message: str, code: int = 2) -> None:
     err.print(f"[red]error:[/red] {message}", highlight=False)
     raise typer.Exit(code)
+
+
+SERVER_MODULES = ("pydantic_settings", "sqlalchemy", "alembic", "fastapi", "uvicorn")
+"""What the server-side commands import, none of it in the client install."""
+
+
+def get_settings(engine: bool = False) -> Settings:
+    """The settings, for a command that runs the server side (and the engine, if `engine`);
+    a clear error naming the extra to install when this is a client-only install."""
+    import importlib.util
+
+    needed = SERVER_MODULES + (("torch", "diffusers", "open_clip") if engine else ())
+    missing = [m for m in needed if importlib.util.find_spec(m) is None]
+    if missing:
+        extra = "agentloop[server,gpu]" if engine else "agentloop[server]"
+        _fail(
+            f"this command needs the server side, which this install lacks ({', '.join(missing)}): "
+            f'pip install "{extra}" (client commands such as `agentloop mcp --url` need no extra)',
+            1,
+        )
+    from agentloop.settings import get_settings as settings
+
+    return settings()
 
 
 @app.command()
@@ -44,7 +71,7 @@ def run(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object with the result.")] = False,
 ) -> None:
     """Run one goal to the end and write its gallery."""
-    settings = get_settings()
+    settings = get_settings(engine=True)
     try:
         spec = check_goal(
             GoalRequest.model_construct(
@@ -205,13 +232,48 @@ def db_current() -> None:
 
 
 @app.command()
-def models() -> None:
-    """List the models and scorers this installation knows."""
+def models(
+    url: Annotated[str | None, typer.Option(
+        help="A server to ask (default $AGENTLOOP_URL); without one, this installation.",
+    )] = None,
+) -> None:
+    """List the models and scorers this installation (or the server at --url) knows."""
+    import os
+
+    url = url or os.environ.get("AGENTLOOP_URL")
+    if url:
+        from agentloop.sdk import AgentloopError, Client
+
+        try:
+            with Client(url) as client:
+                known = client.list_models()
+        except AgentloopError as exc:
+            _fail(str(exc), 1)
+        print("models:  " + ", ".join(known.models) + f" (default {known.default_model})")
+        print("scorers: " + ", ".join(known.scorers) + f" (default {known.default_scorer}), "
+              "or any open_clip 'name:pretrained'")
+        return
     from engine.catalog import known_models, known_scorers
 
     settings = get_settings()
     print("models:  " + ", ".join(known_models(settings.extra_models)))
     print("scorers: " + ", ".join(known_scorers()) + ", or any open_clip 'name:pretrained'")
+
+
+@app.command("mcp")
+def mcp_stdio(
+    url: Annotated[str | None, typer.Option(
+        help="The agentloop server the tools act on (default $AGENTLOOP_URL, then "
+        "http://127.0.0.1:8000).",
+    )] = None,
+    token: Annotated[str | None, typer.Option(
+        help="Bearer token for the server (default $AGENTLOOP_TOKEN).",
+    )] = None,
+) -> None:
+    """Serve agentloop's tools to an agent over MCP on stdin/stdout (see docs/agents.md)."""
+    from agentloop.mcp_server import run_stdio
+
+    run_stdio(url, token)
 
 
 def main() -> None:

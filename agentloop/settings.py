@@ -95,6 +95,13 @@ class Settings(BaseSettings):
     iteration of a few hundred prompts (the largest iteration the schema allows, 256 prompts
     with 8 regions and every text at its longest, does not fit: 413)."""
 
+    mcp_allowed_hosts: list[str] = Field(
+        default_factory=lambda: ["127.0.0.1:*", "localhost:*", "[::1]:*", "testserver"]
+    )
+    """Host headers the MCP endpoint (/mcp) accepts, `host:port` patterns (DNS-rebinding
+    protection): this machine by default; add the server's public name when agents reach it
+    from elsewhere, or `["*"]` to accept any (JSON list in the env)."""
+
     @model_validator(mode="after")
     def _lease_fits_visibility(self) -> Settings:
         if self.lease_seconds <= 0 or self.lease_seconds >= self.visibility_timeout:

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Creates .venv and installs agentloop with its test tools. Safe to run again.
+# Creates .venv and installs agentloop whole (client, server, engine) with its test tools.
+# Safe to run again. A client alone is `pip install agentloop` (README, "Install").
 # torch/torchvision are pinned (pyproject.toml) to the builds that lie on this machine's disk.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,6 +10,6 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=.venv/.agentloop-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  .venv/bin/pip install -q -e ".[dev]"
+  .venv/bin/pip install -q -e ".[server,gpu,dev]"
   touch "$stamp"
 fi

@@ -12,6 +12,7 @@ from agentloop.api.errors import BodyLimit, install_error_handlers
 from agentloop.api.openapi import openapi_with_limits
 from agentloop.api.routes import router
 from agentloop.dispatch import Dispatcher
+from agentloop.mcp_server import mount_mcp
 from agentloop.settings import Settings, get_settings
 from agentloop.store import Store
 
@@ -51,7 +52,8 @@ def create_app(
             app.state.dispatcher, closer = default_dispatcher(app.state.store, settings)
         else:
             app.state.dispatcher = dispatcher
-        yield
+        async with mcp_running():
+            yield
         if closer is not None:
             closer.close(wait=False)  # type: ignore[attr-defined]
         if own_store:
@@ -66,6 +68,8 @@ def create_app(
     )
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.include_router(router)
+    # The MCP tools over streamable HTTP at /mcp (agentloop.mcp_server; docs/agents.md).
+    mcp_running = mount_mcp(app, "/mcp", settings.mcp_allowed_hosts)
     app.openapi = lambda: openapi_with_limits(app, settings)  # type: ignore[method-assign]
 
     install_error_handlers(app, settings)

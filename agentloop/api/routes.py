@@ -16,6 +16,7 @@ from agentloop.api.schemas import (
     GoalOut,
     IterationAccepted,
     IterationIn,
+    ModelsOut,
 )
 from agentloop.dispatch import dispatch_generation
 from agentloop.domain import (
@@ -184,3 +185,18 @@ def get_artifact(goal_id: GoalId, name: ArtifactName, settings: SettingsDep) -> 
     if root not in path.parents or not path.is_file() or path.suffix != ".png":
         raise HTTPException(status.HTTP_404_NOT_FOUND, "artifact not found")
     return FileResponse(Path(path), media_type="image/png")
+
+
+@router.get("/models", response_model=ModelsOut, responses=_answers())
+def list_models(settings: SettingsDep) -> ModelsOut:
+    """The models and scorers this installation knows, and the defaults a goal gets."""
+    from engine.catalog import is_known_model, is_known_scorer, known_models, known_scorers
+
+    extra = tuple(settings.extra_models)
+    # The same fallback check_goal applies when the configured default is not installed.
+    model = settings.default_model if is_known_model(settings.default_model, extra) else "tiny-dit"
+    scorer = settings.default_scorer if is_known_scorer(settings.default_scorer) else "tiny-clip"
+    return ModelsOut(
+        models=known_models(extra), scorers=known_scorers(), default_model=model,
+        default_scorer=scorer,
+    )

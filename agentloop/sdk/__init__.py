@@ -15,7 +15,15 @@ from agentloop.sdk._async import AsyncClient
 from agentloop.sdk._base import SETTLED, BaseClient
 from agentloop.sdk._client import Client
 from agentloop.sdk._errors import AgentloopError, Conflict, InvalidRequest, NotFound, ServerError
-from agentloop.sdk._models import SCORE_SCALE, Candidate, Goal, Iteration, IterationAccepted, Prompt
+from agentloop.sdk._models import (
+    SCORE_SCALE,
+    Candidate,
+    Goal,
+    Iteration,
+    IterationAccepted,
+    Models,
+    Prompt,
+)
 
 __all__ = [
     "SCORE_SCALE",
@@ -30,6 +38,7 @@ __all__ = [
     "InvalidRequest",
     "Iteration",
     "IterationAccepted",
+    "Models",
     "NotFound",
     "Prompt",
     "ServerError",

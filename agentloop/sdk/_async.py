@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import httpx
 
 from agentloop.sdk._base import BaseClient, Call, GoalRef, PromptLike
-from agentloop.sdk._models import Candidate, Goal, IterationAccepted
+from agentloop.sdk._models import Candidate, Goal, IterationAccepted, Models
 
 T = TypeVar("T")
 
@@ -96,6 +96,10 @@ class AsyncClient(BaseClient):
     async def health(self) -> dict[str, str]:
         """The server's liveness and database check."""
         return await self._request(self._health())
+
+    async def list_models(self) -> Models:
+        """The models and scorers the server knows, and its defaults."""
+        return await self._request(self._list_models())
 
     async def aclose(self) -> None:
         """Close the HTTP connections (only those of a client this made)."""

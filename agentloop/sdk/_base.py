@@ -16,7 +16,7 @@ import httpx
 from pydantic import TypeAdapter
 
 from agentloop.sdk._errors import AgentloopError, Conflict, InvalidRequest, NotFound, ServerError
-from agentloop.sdk._models import Candidate, Goal, IterationAccepted
+from agentloop.sdk._models import Candidate, Goal, IterationAccepted, Models
 
 T = TypeVar("T")
 
@@ -124,6 +124,9 @@ class BaseClient:
 
     def _health(self) -> Call[dict[str, str]]:
         return Call("GET", self._url("/healthz"), _adapter(_HEALTH))
+
+    def _list_models(self) -> Call[Models]:
+        return Call("GET", self._url("/v1/models"), _model(Models))
 
     def _artifact_url(self, ref: str | Candidate) -> str:
         """An artifact's absolute URL; refuses other servers, which would receive our token."""

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import httpx
 
 from agentloop.sdk._base import BaseClient, Call, GoalRef, PromptLike
-from agentloop.sdk._models import Candidate, Goal, IterationAccepted
+from agentloop.sdk._models import Candidate, Goal, IterationAccepted, Models
 
 T = TypeVar("T")
 
@@ -93,6 +93,10 @@ class Client(BaseClient):
     def health(self) -> dict[str, str]:
         """The server's liveness and database check."""
         return self._request(self._health())
+
+    def list_models(self) -> Models:
+        """The models and scorers the server knows, and its defaults."""
+        return self._request(self._list_models())
 
     def close(self) -> None:
         """Close the HTTP connections (only those of a client this made)."""

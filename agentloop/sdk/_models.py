@@ -1,17 +1,18 @@
-"""The SDK's return types: the API's own response bodies, under the names callers use.
+"""The SDK's return types: the API's own wire models, under the names callers use.
 
-`agentloop.api.schemas` imports only pydantic and `agentloop.domain` (which imports
-`agentloop.settings`, i.e. pydantic-settings); nothing there pulls FastAPI or the database.
+They come from `agentloop.models`, which imports pydantic and the standard library only
+(through `agentloop.domain`'s text types): never the server, its settings or the engine.
 """
 
 from __future__ import annotations
 
-from agentloop.api.schemas import (
+from agentloop.models import (
     SCORE_SCALE,
     CandidateOut,
     GoalOut,
     IterationAccepted,
     IterationOut,
+    ModelsOut,
     PromptIn,
 )
 
@@ -19,5 +20,14 @@ Goal = GoalOut
 Candidate = CandidateOut
 Iteration = IterationOut
 Prompt = PromptIn
+Models = ModelsOut
 
-__all__ = ["SCORE_SCALE", "Candidate", "Goal", "Iteration", "IterationAccepted", "Prompt"]
+__all__ = [
+    "SCORE_SCALE",
+    "Candidate",
+    "Goal",
+    "Iteration",
+    "IterationAccepted",
+    "Models",
+    "Prompt",
+]

@@ -137,7 +137,7 @@ def test_the_twins_offer_the_same_methods() -> None:
         }
 
     sync, async_ = api(Client), api(AsyncClient)
-    assert sync == async_ and len(sync) == 10
+    assert sync == async_ and len(sync) == 11
     assert all(inspect.iscoroutinefunction(getattr(AsyncClient, n)) for n in async_)
     assert not any(inspect.iscoroutinefunction(getattr(Client, n)) for n in sync)
 

@@ -1,0 +1,177 @@
+"""The wire models: the HTTP API's request and response bodies, shared by the API and the SDK.
+
+Imports only pydantic, the standard library and `agentloop.domain`'s plain text types (which
+import pydantic alone), so that the SDK, the CLI's client commands and the MCP server work
+in a client-only install (`pip install agentloop`): nothing here reaches FastAPI, the
+database, pydantic-settings or the engine. `agentloop.api.schemas` re-exports these.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from agentloop.domain import MAX_SEED, FiniteFloat, PromptText
+from agentloop.layout import MAX_REGIONS
+
+if TYPE_CHECKING:
+    from agentloop.domain import CandidateView, GoalState, GoalView, IterationView
+
+SCORE_SCALE = "CLIPScore = 2.5 * max(cos, 0), Hessel et al. 2021; range 0 to 2.5"
+
+
+def _as_utc(value: datetime) -> datetime:
+    # The store keeps naive UTC (one form on every backend); answers carry the offset.
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+UtcDateTime = Annotated[datetime, AfterValidator(_as_utc)]
+"""A timestamp in UTC that carries its offset: RFC 3339 in JSON (`2025-01-02T03:04:05Z`).
+A naive value (as stored) is read as UTC."""
+
+
+class CandidateOut(BaseModel):
+    """One generation: what was asked, who ran it, how long it took, how it scored."""
+
+    id: str
+    iteration: int
+    ordinal: int
+    status: str
+    prompt: str
+    negative_prompt: str
+    seed: int
+    params: dict[str, Any]
+    attempts: int
+    worker: str | None
+    clip_score: float | None = Field(description=SCORE_SCALE)
+    part_scores: dict[str, float] = Field(description=f"per goal part; {SCORE_SCALE}")
+    score_scale: str = SCORE_SCALE
+    artifact_url: str | None
+    timings: dict[str, float]
+    error: str | None
+    parent_id: str | None
+    edit: str | None
+    queued_at: UtcDateTime | None
+    started_at: UtcDateTime | None
+    finished_at: UtcDateTime | None
+
+    @classmethod
+    def of(cls, c: CandidateView) -> CandidateOut:
+        url = f"/v1/artifacts/{c.artifact_uri}" if c.artifact_uri else None
+        return cls(
+            id=c.id, iteration=c.iteration, ordinal=c.ordinal, status=c.status.value,
+            prompt=c.prompt, negative_prompt=c.negative_prompt, seed=c.seed, params=c.params,
+            attempts=c.attempts, worker=c.worker, clip_score=c.clip_score,
+            part_scores=c.part_scores, artifact_url=url, timings=c.timings, error=c.error,
+            parent_id=c.parent_id, edit=c.edit, queued_at=c.queued_at, started_at=c.started_at,
+            finished_at=c.finished_at,
+        )
+
+
+class IterationOut(BaseModel):
+    index: int
+    status: str
+    best_score: float | None
+    notes: dict[str, Any]
+
+    @classmethod
+    def of(cls, it: IterationView) -> IterationOut:
+        return cls(index=it.index, status=it.status.value, best_score=it.best_score, notes=it.notes)
+
+
+class GoalOut(BaseModel):
+    """A goal, its progress and its best candidate so far."""
+
+    id: str
+    tenant: str
+    goal: str
+    status: str
+    stop_reason: str | None
+    error: str | None
+    spec: dict[str, Any]
+    budget: int
+    generations_reserved: int = Field(description="candidates created; counted against the budget")
+    generations_done: int = Field(description="candidates finished (succeeded or failed)")
+    best_score: float | None = Field(description=SCORE_SCALE)
+    score_scale: str = SCORE_SCALE
+    best_candidate: CandidateOut | None
+    iterations: list[IterationOut]
+    created_at: UtcDateTime | None
+    finished_at: UtcDateTime | None
+
+    @classmethod
+    def of(cls, goal: GoalView, state: GoalState | None = None) -> GoalOut:
+        cands = state.candidates if state else []
+        best = next((c for c in cands if c.id == goal.best_candidate_id), None)
+        return cls(
+            id=goal.id, tenant=goal.tenant, goal=goal.text, status=goal.status.value,
+            stop_reason=goal.stop_reason, error=goal.error, spec=goal.spec.to_json(),
+            budget=goal.budget, generations_reserved=goal.generations_reserved,
+            generations_done=sum(1 for c in cands if c.status.terminal),
+            best_score=goal.best_score, best_candidate=CandidateOut.of(best) if best else None,
+            iterations=[IterationOut.of(i) for i in state.iterations] if state else [],
+            created_at=goal.created_at, finished_at=goal.finished_at,
+        )
+
+
+class RegionIn(BaseModel):
+    """One region of a layout: its prompt draws the area nearest its anchor (x, y)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: Annotated[PromptText, Field(min_length=1)]
+    x: FiniteFloat = Field(ge=0, le=1, description="anchor, 0 = left edge, 1 = right edge")
+    y: FiniteFloat = Field(ge=0, le=1, description="anchor, 0 = top edge, 1 = bottom edge")
+
+
+class PromptIn(BaseModel):
+    """One prompt an external reviser supplies."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: Annotated[PromptText, Field(min_length=1)]
+    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
+    negative_prompt: PromptText | None = None
+    variation_seed: int | None = Field(
+        default=None, ge=0, le=MAX_SEED,
+        description="blend this seed's initial noise into the seed's (with variation_strength)",
+    )
+    variation_strength: FiniteFloat = Field(default=0.0, ge=0, le=1)
+    regions: list[RegionIn] = Field(
+        default_factory=list, max_length=MAX_REGIONS,
+        description="a layout: each region's prompt draws the area nearest its anchor; the "
+        "image is still scored against the goal. Costs one denoiser pass per region. "
+        "Flux-family models only.",
+    )
+
+
+class IterationIn(BaseModel):
+    """The next iteration's prompts for a goal with reviser 'external'."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompts: list[PromptIn] = Field(min_length=1, max_length=256)
+
+
+class IterationAccepted(BaseModel):
+    goal_id: str
+    iteration: int
+    candidate_ids: list[str]
+
+
+class ModelsOut(BaseModel):
+    """The models and scorers this installation knows (`GET /v1/models`)."""
+
+    models: list[str] = Field(
+        description="model names a goal may give as `model`: the presets, `shapes` when its "
+        "weights are installed, and the hub ids or folders the operator registered"
+    )
+    scorers: list[str] = Field(
+        description="scorer names a goal may give as `scorer`; any open_clip "
+        "'name:pretrained' is accepted too (open-ended, not listed)"
+    )
+    default_model: str = Field(description="the model a goal without `model` gets")
+    default_scorer: str = Field(description="the scorer a goal without `scorer` gets")
+    score_scale: str = SCORE_SCALE
