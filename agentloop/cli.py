@@ -42,11 +42,12 @@ def get_settings(engine: bool = False) -> Settings:
     missing = [m for m in needed if importlib.util.find_spec(m) is None]
     if missing:
         extra = "agentloop[server,gpu]" if engine else "agentloop[server]"
-        _fail(
+        from rich.markup import escape
+
+        _fail(escape(
             f"this command needs the server side, which this install lacks ({', '.join(missing)}): "
-            f'pip install "{extra}" (client commands such as `agentloop mcp --url` need no extra)',
-            1,
-        )
+            f'pip install "{extra}" (client commands such as `agentloop mcp --url` need no extra)'
+        ), 1)
     from agentloop.settings import get_settings as settings
 
     return settings()
@@ -191,12 +192,12 @@ def serve(
     host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port.")] = 8000,
 ) -> None:
-    """Serve the HTTP API (OpenAPI at /docs)."""
+    """Serve the HTTP API (OpenAPI at /docs) and the MCP tools (at /mcp)."""
+    settings = get_settings()
     import uvicorn
 
     from agentloop.api.app import create_app
 
-    settings = get_settings()
     _open_store(settings).dispose()
     uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
 
