@@ -199,11 +199,12 @@ def build_server(client: AsyncClient) -> MCPServer:
             description="the candidate (default: the goal's best)")] = None,
     ) -> list[Any]:
         """A candidate's image as a PNG you can look at, with its prompt and score."""
+        candidate: Candidate | None
         if candidate_id is None:
             goal = await _call(lambda: client.get_goal(goal_id), url)
-            if goal.best_candidate is None:
-                raise ToolError(f"goal {goal_id} has no scored image yet (status {goal.status})")
             candidate = goal.best_candidate
+            if candidate is None:
+                raise ToolError(f"goal {goal_id} has no scored image yet (status {goal.status})")
         else:
             found = await _call(lambda: client.candidates(goal_id), url)
             candidate = next((c for c in found if c.id == candidate_id), None)
