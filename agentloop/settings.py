@@ -95,6 +95,10 @@ class Settings(BaseSettings):
     iteration of a few hundred prompts (the largest iteration the schema allows, 256 prompts
     with 8 regions and every text at its longest, does not fit: 413)."""
 
+    idempotency_retention_seconds: float = 24 * 3600
+    """How long an `Idempotency-Key` answers with its first response; an older key is
+    forgotten (a request with it runs again)."""
+
     @model_validator(mode="after")
     def _lease_fits_visibility(self) -> Settings:
         if self.lease_seconds <= 0 or self.lease_seconds >= self.visibility_timeout:
