@@ -14,9 +14,12 @@ from agentloop.api.deps import DispatcherDep, SettingsDep, StoreDep
 from agentloop.api.errors import ApiError
 from agentloop.api.idempotency import IdempotencyKey, request_hash, run_once
 from agentloop.api.pagination import (
+    CANDIDATE_CURSOR,
+    GOAL_CURSOR,
     PAGE_HEADERS,
+    candidate_cursor,
     candidate_position,
-    encode_cursor,
+    goal_cursor,
     goal_position,
     set_next,
 )
@@ -142,7 +145,8 @@ def list_goals(
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     tenant: TenantName | None = None,
     status_: Annotated[list[GoalStatus] | None, Query(alias="status")] = None,
-    cursor: Annotated[str | None, Query(max_length=200)] = None,
+    cursor: Annotated[str | None, Query(pattern=GOAL_CURSOR,
+                                        description="the previous page's X-Next-Cursor")] = None,
 ) -> list[GoalOut]:
     """A page of goals, newest first, each with its summary; filter by tenant and status."""
     after = goal_position(cursor) if cursor else None
@@ -151,7 +155,7 @@ def list_goals(
     summaries = store.goal_summaries(page)
     if more:
         last = page[-1]
-        set_next(response, request, encode_cursor("g", last.created_at.isoformat(), last.id))
+        set_next(response, request, goal_cursor(last.created_at, last.id))
     return [GoalOut.summary(g, *summaries[g.id]) for g in page]
 
 
@@ -175,7 +179,8 @@ def list_candidates(
     limit: Annotated[int, Query(ge=1, le=1000)] = 500,
     iteration: Annotated[int | None, Query(ge=0, le=2**31 - 1)] = None,
     status_: Annotated[list[CandidateStatus] | None, Query(alias="status")] = None,
-    cursor: Annotated[str | None, Query(max_length=200)] = None,
+    cursor: Annotated[str | None, Query(pattern=CANDIDATE_CURSOR,
+                                        description="the previous page's X-Next-Cursor")] = None,
 ) -> list[CandidateOut]:
     """A page of a goal's candidates in iteration order; filter by iteration and status."""
     after = candidate_position(cursor) if cursor else None
@@ -186,7 +191,7 @@ def list_candidates(
     )
     page = cands[:limit]
     if len(cands) > limit:
-        set_next(response, request, encode_cursor("c", page[-1].iteration, page[-1].ordinal))
+        set_next(response, request, candidate_cursor(page[-1].iteration, page[-1].ordinal))
     return [CandidateOut.of(c) for c in page]
 
 
