@@ -193,13 +193,13 @@ def submit_iteration(
         goal = state.goal
         if goal.spec.reviser != "external":
             raise IterationRejected("this goal's reviser is not 'external'", "not_external")
+        if any(it.status is IterationStatus.OPEN for it in state.iterations):
+            raise IterationRejected("the previous iteration is still running", "iteration_open")
         if goal.status not in (GoalStatus.PENDING, GoalStatus.WAITING):
             code = "goal_finished" if goal.status.terminal else "goal_not_waiting"
             raise IterationRejected(
                 f"goal is {goal.status.value}; it accepts prompts when waiting", code
             )
-        if any(it.status is IterationStatus.OPEN for it in state.iterations):
-            raise IterationRejected("the previous iteration is still running", "iteration_open")
         left = goal.budget - goal.generations_reserved
         if len(drafts) > left:
             raise IterationRejected(
