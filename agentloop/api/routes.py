@@ -155,6 +155,7 @@ def list_goals(
     summaries = store.goal_summaries(page)
     if more:
         last = page[-1]
+        assert last.created_at is not None  # set on insert
         set_next(response, request, goal_cursor(last.created_at, last.id))
     return [GoalOut.summary(g, *summaries[g.id]) for g in page]
 

@@ -63,7 +63,7 @@ class CandidateOut(BaseModel):
     def of(cls, c: CandidateView) -> CandidateOut:
         url = f"/v1/artifacts/{c.artifact_uri}" if c.artifact_uri else None
         return cls(
-            id=c.id, iteration=c.iteration, ordinal=c.ordinal, status=c.status.value,
+            id=c.id, iteration=c.iteration, ordinal=c.ordinal, status=c.status,
             prompt=c.prompt, negative_prompt=c.negative_prompt, seed=c.seed, params=c.params,
             attempts=c.attempts, worker=c.worker, clip_score=c.clip_score,
             part_scores=c.part_scores, artifact_url=url, timings=c.timings, error=c.error,
@@ -80,7 +80,7 @@ class IterationOut(BaseModel):
 
     @classmethod
     def of(cls, it: IterationView) -> IterationOut:
-        return cls(index=it.index, status=it.status.value, best_score=it.best_score, notes=it.notes)
+        return cls(index=it.index, status=it.status, best_score=it.best_score, notes=it.notes)
 
 
 class GoalOut(BaseModel):
@@ -108,7 +108,7 @@ class GoalOut(BaseModel):
         cands = state.candidates if state else []
         best = next((c for c in cands if c.id == goal.best_candidate_id), None)
         return cls(
-            id=goal.id, tenant=goal.tenant, goal=goal.text, status=goal.status.value,
+            id=goal.id, tenant=goal.tenant, goal=goal.text, status=goal.status,
             stop_reason=goal.stop_reason, error=goal.error, spec=goal.spec.to_json(),
             budget=goal.budget, generations_reserved=goal.generations_reserved,
             generations_done=sum(1 for c in cands if c.status.terminal),
@@ -124,7 +124,7 @@ class GoalOut(BaseModel):
     ) -> GoalOut:
         """A goal as listed: its counts, best candidate and iterations, no other candidates."""
         return cls(
-            id=goal.id, tenant=goal.tenant, goal=goal.text, status=goal.status.value,
+            id=goal.id, tenant=goal.tenant, goal=goal.text, status=goal.status,
             stop_reason=goal.stop_reason, error=goal.error, spec=goal.spec.to_json(),
             budget=goal.budget, generations_reserved=goal.generations_reserved,
             generations_done=done, best_score=goal.best_score,

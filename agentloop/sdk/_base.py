@@ -224,12 +224,13 @@ def error_for(response: httpx.Response) -> AgentloopError:
     carrying the server's `error.code` and `error.field` (older servers send `detail` only)."""
     status = response.status_code
     try:
-        body = response.json()
+        parsed = response.json()
     except ValueError:
-        body = None
-    body = body if isinstance(body, dict) else {}
+        parsed = None
+    body: dict[str, Any] = parsed if isinstance(parsed, dict) else {}
     detail: Any = body.get("detail", response.text if not body else None)
-    error = body.get("error") if isinstance(body.get("error"), dict) else {}
+    found = body.get("error")
+    error: dict[str, Any] = found if isinstance(found, dict) else {}
     code, field = error.get("code"), error.get("field")
     message = error.get("message") or (detail if isinstance(detail, str) and detail else None)
     if status == 422:
