@@ -13,7 +13,14 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from agentloop.domain import MAX_SEED, FiniteFloat, PromptText
+from agentloop.domain import (
+    MAX_SEED,
+    CandidateStatus,
+    FiniteFloat,
+    GoalStatus,
+    IterationStatus,
+    PromptText,
+)
 from agentloop.layout import MAX_REGIONS
 
 if TYPE_CHECKING:
@@ -38,7 +45,7 @@ class CandidateOut(BaseModel):
     id: str
     iteration: int
     ordinal: int
-    status: str
+    status: CandidateStatus
     prompt: str
     negative_prompt: str
     seed: int
@@ -61,7 +68,7 @@ class CandidateOut(BaseModel):
     def of(cls, c: CandidateView) -> CandidateOut:
         url = f"/v1/artifacts/{c.artifact_uri}" if c.artifact_uri else None
         return cls(
-            id=c.id, iteration=c.iteration, ordinal=c.ordinal, status=c.status.value,
+            id=c.id, iteration=c.iteration, ordinal=c.ordinal, status=c.status,
             prompt=c.prompt, negative_prompt=c.negative_prompt, seed=c.seed, params=c.params,
             attempts=c.attempts, worker=c.worker, clip_score=c.clip_score,
             part_scores=c.part_scores, artifact_url=url, timings=c.timings, error=c.error,
@@ -72,13 +79,13 @@ class CandidateOut(BaseModel):
 
 class IterationOut(BaseModel):
     index: int
-    status: str
+    status: IterationStatus
     best_score: float | None
     notes: dict[str, Any]
 
     @classmethod
     def of(cls, it: IterationView) -> IterationOut:
-        return cls(index=it.index, status=it.status.value, best_score=it.best_score, notes=it.notes)
+        return cls(index=it.index, status=it.status, best_score=it.best_score, notes=it.notes)
 
 
 class GoalOut(BaseModel):
@@ -87,7 +94,7 @@ class GoalOut(BaseModel):
     id: str
     tenant: str
     goal: str
-    status: str
+    status: GoalStatus
     stop_reason: str | None
     error: str | None
     spec: dict[str, Any]
@@ -106,7 +113,7 @@ class GoalOut(BaseModel):
         cands = state.candidates if state else []
         best = next((c for c in cands if c.id == goal.best_candidate_id), None)
         return cls(
-            id=goal.id, tenant=goal.tenant, goal=goal.text, status=goal.status.value,
+            id=goal.id, tenant=goal.tenant, goal=goal.text, status=goal.status,
             stop_reason=goal.stop_reason, error=goal.error, spec=goal.spec.to_json(),
             budget=goal.budget, generations_reserved=goal.generations_reserved,
             generations_done=sum(1 for c in cands if c.status.terminal),
@@ -114,6 +121,48 @@ class GoalOut(BaseModel):
             iterations=[IterationOut.of(i) for i in state.iterations] if state else [],
             created_at=goal.created_at, finished_at=goal.finished_at,
         )
+
+    @classmethod
+    def summary(
+        cls, goal: GoalView, done: int, best: CandidateView | None,
+        iterations: list[IterationView],
+    ) -> GoalOut:
+        """A goal as listed: its counts, best candidate and iterations, no other candidates."""
+        return cls(
+            id=goal.id, tenant=goal.tenant, goal=goal.text, status=goal.status,
+            stop_reason=goal.stop_reason, error=goal.error, spec=goal.spec.to_json(),
+            budget=goal.budget, generations_reserved=goal.generations_reserved,
+            generations_done=done, best_score=goal.best_score,
+            best_candidate=CandidateOut.of(best) if best else None,
+            iterations=[IterationOut.of(i) for i in iterations],
+            created_at=goal.created_at, finished_at=goal.finished_at,
+        )
+
+
+class FieldError(BaseModel):
+    """One refused input of a 422."""
+
+    field: str = Field(description="dotted path of the input, e.g. `budget`, `prompts.0.seed`")
+    message: str
+    type: str
+
+
+class ErrorInfo(BaseModel):
+    """What went wrong, for a program (`code`) and for a person (`message`)."""
+
+    code: str = Field(description="stable and machine-readable; see docs/api.md for the table",
+                      examples=["iteration_open"])
+    message: str
+    field: str | None = Field(default=None, description="the one input at fault, if one is")
+    errors: list[FieldError] | None = Field(default=None, description="422: every refused input")
+
+
+class ErrorOut(BaseModel):
+    """The one error body of every route. `detail` repeats FastAPI's former body (a message,
+    or for a 422 the `[{"loc", "msg", "type"}]` list) for older clients."""
+
+    error: ErrorInfo
+    detail: Any = Field(default=None, description="deprecated: read `error` instead")
 
 
 class RegionIn(BaseModel):

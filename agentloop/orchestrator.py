@@ -24,11 +24,17 @@ from agentloop.domain import (
 )
 from agentloop.revisers import ReviserContext, get_reviser, objective
 from agentloop.settings import Settings
-from agentloop.store import Store, utcnow
+from agentloop.store import IdempotencyClaim, Store, utcnow
 
 
 class IterationRejected(ValueError):
-    """Prompts supplied for an external goal cannot be accepted now (state or budget)."""
+    """Prompts supplied for an external goal cannot be accepted now (state or budget), or the
+    goal cannot be closed or cancelled in its state. `code` names the reason, stably:
+    `not_external`, `goal_not_waiting`, `iteration_open`, `budget_exceeded`, `goal_finished`."""
+
+    def __init__(self, message: str, code: str = "conflict"):
+        super().__init__(message)
+        self.code = code
 
 
 @dataclass(frozen=True)
@@ -176,34 +182,47 @@ def advance(store: Store, goal_id: str, policy: Policy | None = None) -> Decisio
     return store.decide(goal_id, lambda state: step(state, policy, state.now or utcnow()))
 
 
-def submit_iteration(store: Store, goal_id: str, drafts: list[CandidateDraft]) -> Decision | None:
-    """Accept a caller's prompts as the next iteration of an external goal."""
+def submit_iteration(
+    store: Store, goal_id: str, drafts: list[CandidateDraft],
+    claim: IdempotencyClaim | None = None,
+) -> Decision | None:
+    """Accept a caller's prompts as the next iteration of an external goal (recording the
+    idempotency `claim`, if any, in the same transaction)."""
 
     def decide(state: GoalState) -> Decision:
         goal = state.goal
         if goal.spec.reviser != "external":
-            raise IterationRejected("this goal's reviser is not 'external'")
-        if goal.status not in (GoalStatus.PENDING, GoalStatus.WAITING):
-            raise IterationRejected(f"goal is {goal.status.value}; it accepts prompts when waiting")
+            raise IterationRejected("this goal's reviser is not 'external'", "not_external")
         if any(it.status is IterationStatus.OPEN for it in state.iterations):
-            raise IterationRejected("the previous iteration is still running")
+            raise IterationRejected("the previous iteration is still running", "iteration_open")
+        if goal.status not in (GoalStatus.PENDING, GoalStatus.WAITING):
+            code = "goal_finished" if goal.status.terminal else "goal_not_waiting"
+            raise IterationRejected(
+                f"goal is {goal.status.value}; it accepts prompts when waiting", code
+            )
         left = goal.budget - goal.generations_reserved
         if len(drafts) > left:
-            raise IterationRejected(f"{len(drafts)} prompts exceed the {left} generations left")
+            raise IterationRejected(
+                f"{len(drafts)} prompts exceed the {left} generations left", "budget_exceeded"
+            )
         return Decision(
             new_candidates=drafts, goal_status=GoalStatus.RUNNING,
             notes={"strategy": "external", "supplied": len(drafts)},
         )
 
-    return store.decide(goal_id, decide)
+    return store.decide(goal_id, decide, claim)
 
 
 def close_goal(store: Store, goal_id: str) -> Decision | None:
     """The caller ends a goal that is waiting for its prompts."""
 
     def decide(state: GoalState) -> Decision:
-        if state.goal.status is not GoalStatus.WAITING:
-            raise IterationRejected(f"goal is {state.goal.status.value}; only a waiting goal can be closed")
+        status = state.goal.status
+        if status is not GoalStatus.WAITING:
+            code = "goal_finished" if status.terminal else "goal_not_waiting"
+            raise IterationRejected(
+                f"goal is {status.value}; only a waiting goal can be closed", code
+            )
         return Decision(goal_status=GoalStatus.DONE, stop_reason=StopReason.CLOSED_BY_CALLER.value)
 
     return store.decide(goal_id, decide)
@@ -219,7 +238,9 @@ def cancel_goal(store: Store, goal_id: str) -> Decision | None:
         if status is GoalStatus.CANCELLED:
             return Decision()
         if status.terminal:
-            raise IterationRejected(f"goal is {status.value}; only an unfinished goal can be cancelled")
+            raise IterationRejected(
+                f"goal is {status.value}; only an unfinished goal can be cancelled", "goal_finished"
+            )
         return Decision(goal_status=GoalStatus.CANCELLED,
                         stop_reason=StopReason.CANCELLED_BY_CALLER.value)
 

@@ -102,6 +102,10 @@ class Settings(BaseSettings):
     protection): this machine by default; add the server's public name when agents reach it
     from elsewhere, or `["*"]` to accept any (JSON list in the env)."""
 
+    idempotency_retention_seconds: float = 24 * 3600
+    """How long an `Idempotency-Key` answers with its first response; an older key is
+    forgotten (a request with it runs again)."""
+
     @model_validator(mode="after")
     def _lease_fits_visibility(self) -> Settings:
         if self.lease_seconds <= 0 or self.lease_seconds >= self.visibility_timeout:

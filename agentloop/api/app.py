@@ -74,7 +74,8 @@ def create_app(
 
     install_error_handlers(app, settings)
 
-    @app.get("/healthz", responses={503: {"description": "the database does not answer"}})
+    @app.get("/healthz", responses={503: {"description": "the database does not answer"}},
+             tags=["health"], operation_id="healthz", summary="Liveness and database check")
     def healthz() -> JSONResponse:
         """Liveness and database reachability (503 when the database does not answer)."""
         try:

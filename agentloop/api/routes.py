@@ -5,14 +5,27 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Query, status
+from fastapi import APIRouter, Body, Query, Request, Response, status
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, JSONResponse
 from pydantic import Field
 
 from agentloop.api.deps import DispatcherDep, SettingsDep, StoreDep
+from agentloop.api.errors import ApiError
+from agentloop.api.idempotency import IdempotencyKey, request_hash, run_once
+from agentloop.api.pagination import (
+    CANDIDATE_CURSOR,
+    GOAL_CURSOR,
+    PAGE_HEADERS,
+    candidate_cursor,
+    candidate_position,
+    goal_cursor,
+    goal_position,
+    set_next,
+)
 from agentloop.api.schemas import (
     CandidateOut,
+    ErrorOut,
     GoalOut,
     IterationAccepted,
     IterationIn,
@@ -21,8 +34,10 @@ from agentloop.api.schemas import (
 from agentloop.dispatch import dispatch_generation
 from agentloop.domain import (
     CandidateDraft,
+    CandidateStatus,
     GoalInvalid,
     GoalRequest,
+    GoalStatus,
     SafeStr,
     TenantName,
     check_goal,
@@ -35,6 +50,7 @@ from agentloop.orchestrator import (
     submit_iteration,
 )
 from agentloop.revisers import derive_seed
+from agentloop.store import IdempotencyClaim
 
 router = APIRouter(prefix="/v1")
 
@@ -46,76 +62,151 @@ ArtifactName = Annotated[SafeStr, Field(max_length=255)]
 
 
 def _answers(*codes: int) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI entries for the error answers a route gives, each `{"detail": ...}` (every
-    route may answer 503 while the database is away)."""
-    text = {400: "the body is not UTF-8", 404: "not found",
-            409: "not possible in the goal's state", 413: "body too large",
-            503: "the task broker or the database is unavailable"}
-    return {code: {"description": text[code]} for code in {*codes, 503}}
+    """OpenAPI entries for the error answers a route gives, each the one error body
+    (`ErrorOut`); every route may answer 422 (its input) and 503 (the database is away)."""
+    text = {400: "the body is not UTF-8", 404: "not found (`not_found`)",
+            409: "not possible in the goal's state (`not_external`, `goal_not_waiting`, "
+            "`iteration_open`, `budget_exceeded`, `goal_finished`), or a request with the "
+            "same Idempotency-Key still runs (`idempotency_in_progress`)",
+            413: "body too large (`body_too_large`)",
+            422: "invalid input (`validation_error`, with `errors`), or an Idempotency-Key "
+            "reused with another body (`idempotency_key_reused`)",
+            503: "the task broker (`broker_unavailable`) or the database "
+            "(`database_unavailable`) is unavailable; retry"}
+    return {code: {"description": text[code], "model": ErrorOut} for code in {*codes, 422, 503}}
 
 
 def _goal_or_404(store: StoreDep, goal_id: str) -> GoalOut:
     state = store.get_state(goal_id)
     if state is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"goal {goal_id} not found")
+        raise ApiError(status.HTTP_404_NOT_FOUND, "not_found", f"goal {goal_id} not found")
     return GoalOut.of(state.goal, state)
+
+
+def _rejected(exc: IterationRejected) -> ApiError:
+    return ApiError(status.HTTP_409_CONFLICT, exc.code, str(exc))
+
+
+GOAL_EXAMPLES = {
+    "embedded": {"summary": "a small goal on the built-in shapes model",
+                 "value": {"goal": "a red circle and a blue square", "budget": 8}},
+    "external": {"summary": "the caller writes the prompts (reviser 'external')",
+                 "value": {"goal": "a red circle", "budget": 4, "reviser": "external",
+                           "tenant": "acme"}},
+}
+ITERATION_EXAMPLES = {
+    "prompts": {"summary": "two prompts, one with a fixed seed",
+                "value": {"prompts": [{"prompt": "a red circle, flat colours", "seed": 7},
+                                      {"prompt": "a crimson disc on white"}]}},
+}
 
 
 @router.post(
     "/goals", status_code=status.HTTP_201_CREATED, response_model=GoalOut,
-    responses=_answers(400, 413, 503),
+    responses=_answers(400, 409, 413), tags=["goals"], operation_id="create_goal",
+    summary="Create a goal",
 )
-def create_goal(body: GoalRequest, store: StoreDep, dispatcher: DispatcherDep, settings: SettingsDep) -> GoalOut:
-    """Create a goal and start its loop."""
+def create_goal(
+    body: Annotated[GoalRequest, Body(openapi_examples=GOAL_EXAMPLES)], store: StoreDep,
+    dispatcher: DispatcherDep, settings: SettingsDep, idempotency_key: IdempotencyKey = None,
+) -> JSONResponse:
+    """Create a goal and start its loop (send an Idempotency-Key to make retries safe)."""
     try:
         spec = check_goal(body, settings)
     except GoalInvalid as exc:
         raise RequestValidationError(
             [{"loc": ("body", f), "msg": m, "type": "value_error"} for f, m in exc.errors]
         ) from None
-    goal = store.create_goal(spec)
-    try:
-        dispatcher.advance_goal(goal.id)
-    except Exception as exc:  # noqa: BLE001 - the broker is down: fail the goal, say so
-        fail_goal(store, goal.id, f"could not dispatch: {type(exc).__name__}: {exc}")
-        raise HTTPException(
-            status.HTTP_503_SERVICE_UNAVAILABLE, "the task broker is unavailable; goal marked failed"
-        ) from None
-    return GoalOut.of(goal)
+
+    def work(claim: IdempotencyClaim | None) -> tuple[int, Any]:
+        goal = store.create_goal(spec, claim)
+        try:
+            dispatcher.advance_goal(goal.id)
+        except Exception as exc:  # noqa: BLE001 - the broker is down: fail the goal, say so
+            fail_goal(store, goal.id, f"could not dispatch: {type(exc).__name__}: {exc}")
+            raise ApiError(
+                status.HTTP_503_SERVICE_UNAVAILABLE, "broker_unavailable",
+                "the task broker is unavailable; goal marked failed",
+            ) from None
+        return status.HTTP_201_CREATED, GoalOut.of(goal).model_dump(mode="json")
+
+    scope = f"{spec.tenant}|POST /v1/goals"
+    return run_once(store, settings, scope, idempotency_key,
+                    request_hash(body.model_dump(mode="json")), work)
 
 
-@router.get("/goals", response_model=list[GoalOut])
+@router.get(
+    "/goals", response_model=list[GoalOut], tags=["goals"], operation_id="list_goals",
+    summary="List goals, newest first",
+    responses={200: {"description": "a page of goals", "headers": PAGE_HEADERS},
+               **_answers()},
+)
 def list_goals(
-    store: StoreDep, limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    store: StoreDep, request: Request, response: Response,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
     tenant: TenantName | None = None,
+    status_: Annotated[list[GoalStatus] | None, Query(alias="status")] = None,
+    cursor: Annotated[str | None, Query(pattern=GOAL_CURSOR,
+                                        description="the previous page's X-Next-Cursor")] = None,
 ) -> list[GoalOut]:
-    """The most recent goals."""
-    return [GoalOut.of(g) for g in store.list_goals(limit, tenant)]
+    """A page of goals, newest first, each with its summary; filter by tenant and status."""
+    after = goal_position(cursor) if cursor else None
+    goals = store.list_goals_page(limit + 1, tenant, [s.value for s in status_ or ()], after)
+    page, more = goals[:limit], len(goals) > limit
+    summaries = store.goal_summaries(page)
+    if more:
+        last = page[-1]
+        assert last.created_at is not None  # set on insert
+        set_next(response, request, goal_cursor(last.created_at, last.id))
+    return [GoalOut.summary(g, *summaries[g.id]) for g in page]
 
 
-@router.get("/goals/{goal_id}", response_model=GoalOut, responses=_answers(404))
+@router.get(
+    "/goals/{goal_id}", response_model=GoalOut, responses=_answers(404), tags=["goals"],
+    operation_id="get_goal", summary="Get a goal",
+)
 def get_goal(goal_id: GoalId, store: StoreDep) -> GoalOut:
     """A goal with its iterations and best candidate."""
     return _goal_or_404(store, goal_id)
 
 
 @router.get(
-    "/goals/{goal_id}/candidates", response_model=list[CandidateOut], responses=_answers(404)
+    "/goals/{goal_id}/candidates", response_model=list[CandidateOut], tags=["candidates"],
+    operation_id="list_candidates", summary="List a goal's candidates",
+    responses={200: {"description": "a page of candidates", "headers": PAGE_HEADERS},
+               **_answers(404)},
 )
-def list_candidates(goal_id: GoalId, store: StoreDep) -> list[CandidateOut]:
-    """Every candidate of a goal, in iteration order."""
-    _goal_or_404(store, goal_id)
-    return [CandidateOut.of(c) for c in store.list_candidates(goal_id)]
+def list_candidates(
+    goal_id: GoalId, store: StoreDep, request: Request, response: Response,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 500,
+    iteration: Annotated[int | None, Query(ge=0, le=2**31 - 1)] = None,
+    status_: Annotated[list[CandidateStatus] | None, Query(alias="status")] = None,
+    cursor: Annotated[str | None, Query(pattern=CANDIDATE_CURSOR,
+                                        description="the previous page's X-Next-Cursor")] = None,
+) -> list[CandidateOut]:
+    """A page of a goal's candidates in iteration order; filter by iteration and status."""
+    after = candidate_position(cursor) if cursor else None
+    if store.get_goal(goal_id) is None:
+        raise ApiError(status.HTTP_404_NOT_FOUND, "not_found", f"goal {goal_id} not found")
+    cands = store.list_candidates_page(
+        goal_id, limit + 1, iteration, [s.value for s in status_ or ()], after
+    )
+    page = cands[:limit]
+    if len(cands) > limit:
+        set_next(response, request, candidate_cursor(page[-1].iteration, page[-1].ordinal))
+    return [CandidateOut.of(c) for c in page]
 
 
 @router.post(
     "/goals/{goal_id}/iterations", status_code=status.HTTP_201_CREATED,
-    response_model=IterationAccepted, responses=_answers(400, 404, 409, 413, 503),
+    response_model=IterationAccepted, responses=_answers(400, 404, 409, 413),
+    tags=["iterations"], operation_id="add_iteration", summary="Supply an iteration's prompts",
 )
 def add_iteration(
-    goal_id: GoalId, body: IterationIn, store: StoreDep, dispatcher: DispatcherDep,
-    settings: SettingsDep,
-) -> IterationAccepted:
+    goal_id: GoalId, body: Annotated[IterationIn, Body(openapi_examples=ITERATION_EXAMPLES)],
+    store: StoreDep, dispatcher: DispatcherDep, settings: SettingsDep,
+    idempotency_key: IdempotencyKey = None,
+) -> JSONResponse:
     """Supply the next iteration's prompts (goals with reviser 'external')."""
     goal = _goal_or_404(store, goal_id)
     n_done = goal.generations_reserved
@@ -132,58 +223,75 @@ def add_iteration(
         )
         for i, p in enumerate(body.prompts)
     ]
-    try:
-        decision = submit_iteration(store, goal_id, drafts)
-    except IterationRejected as exc:
-        raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None
-    assert decision is not None and decision.model is not None
-    index = len(goal.iterations)
-    try:
-        dispatch_generation(dispatcher, decision.model, decision.dispatch, settings.generation_batch)
-    except Exception:  # noqa: BLE001 - the broker is down: take the prompts back if we can
-        if store.withdraw_iteration(goal_id, index):
-            raise HTTPException(
-                status.HTTP_503_SERVICE_UNAVAILABLE,
-                "the task broker is unavailable; the prompts were not accepted, send them again",
-            ) from None
-        # a worker already has some of them (the sweep sent them): they are accepted
-    else:
-        store.mark_dispatched(decision.dispatch)
-    return IterationAccepted(goal_id=goal_id, iteration=index, candidate_ids=decision.dispatch)
+
+    def work(claim: IdempotencyClaim | None) -> tuple[int, Any]:
+        try:
+            decision = submit_iteration(store, goal_id, drafts, claim)
+        except IterationRejected as exc:
+            raise _rejected(exc) from None
+        assert decision is not None and decision.model is not None
+        index = len(goal.iterations)
+        try:
+            dispatch_generation(dispatcher, decision.model, decision.dispatch,
+                                settings.generation_batch)
+        except Exception:  # noqa: BLE001 - the broker is down: take the prompts back if we can
+            if store.withdraw_iteration(goal_id, index):
+                raise ApiError(
+                    status.HTTP_503_SERVICE_UNAVAILABLE, "broker_unavailable",
+                    "the task broker is unavailable; the prompts were not accepted, send them "
+                    "again",
+                ) from None
+            # a worker already has some of them (the sweep sent them): they are accepted
+        else:
+            store.mark_dispatched(decision.dispatch)
+        accepted = IterationAccepted(goal_id=goal_id, iteration=index,
+                                     candidate_ids=decision.dispatch)
+        return status.HTTP_201_CREATED, accepted.model_dump(mode="json")
+
+    scope = f"{goal.tenant}|POST /v1/goals/{goal_id}/iterations"
+    return run_once(store, settings, scope, idempotency_key,
+                    request_hash(goal_id, body.model_dump(mode="json")), work)
 
 
-@router.post("/goals/{goal_id}/close", response_model=GoalOut, responses=_answers(404, 409))
+@router.post(
+    "/goals/{goal_id}/close", response_model=GoalOut, responses=_answers(404, 409),
+    tags=["goals"], operation_id="close_goal", summary="Close a waiting goal",
+)
 def close(goal_id: GoalId, store: StoreDep) -> GoalOut:
     """End a goal that waits for its caller's prompts."""
     _goal_or_404(store, goal_id)
     try:
         close_goal(store, goal_id)
     except IterationRejected as exc:
-        raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None
+        raise _rejected(exc) from None
     return _goal_or_404(store, goal_id)
 
 
-@router.post("/goals/{goal_id}/cancel", response_model=GoalOut, responses=_answers(404, 409))
+@router.post(
+    "/goals/{goal_id}/cancel", response_model=GoalOut, responses=_answers(404, 409),
+    tags=["goals"], operation_id="cancel_goal", summary="Cancel a goal",
+)
 def cancel(goal_id: GoalId, store: StoreDep) -> GoalOut:
     """Cancel an unfinished goal: nothing more of it is generated (idempotent)."""
     _goal_or_404(store, goal_id)
     try:
         cancel_goal(store, goal_id)
     except IterationRejected as exc:
-        raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None
+        raise _rejected(exc) from None
     return _goal_or_404(store, goal_id)
 
 
 @router.get(
     "/artifacts/{goal_id}/{name}", response_class=FileResponse,
     responses={200: {"content": {"image/png": {}}, "description": "a PNG"}, **_answers(404)},
+    tags=["artifacts"], operation_id="get_artifact", summary="Get an image",
 )
 def get_artifact(goal_id: GoalId, name: ArtifactName, settings: SettingsDep) -> FileResponse:
     """A generated image."""
     root = settings.resolved_artifacts_dir()
     path = (root / goal_id / name).resolve()
     if root not in path.parents or not path.is_file() or path.suffix != ".png":
-        raise HTTPException(status.HTTP_404_NOT_FOUND, "artifact not found")
+        raise ApiError(status.HTTP_404_NOT_FOUND, "not_found", "artifact not found")
     return FileResponse(Path(path), media_type="image/png")
 
 

@@ -9,6 +9,9 @@ from __future__ import annotations
 from agentloop.models import (
     SCORE_SCALE,
     CandidateOut,
+    ErrorInfo,
+    ErrorOut,
+    FieldError,
     GoalOut,
     IterationAccepted,
     IterationIn,
@@ -22,6 +25,9 @@ from agentloop.models import (
 __all__ = [
     "SCORE_SCALE",
     "CandidateOut",
+    "ErrorInfo",
+    "ErrorOut",
+    "FieldError",
     "GoalOut",
     "IterationAccepted",
     "IterationIn",

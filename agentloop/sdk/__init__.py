@@ -12,7 +12,7 @@ Scores are CLIPScore = 2.5 * max(cos, 0) (Hessel et al. 2021), from 0 to 2.5.
 """
 
 from agentloop.sdk._async import AsyncClient
-from agentloop.sdk._base import SETTLED, BaseClient
+from agentloop.sdk._base import SETTLED, BaseClient, Page
 from agentloop.sdk._client import Client
 from agentloop.sdk._errors import AgentloopError, Conflict, InvalidRequest, NotFound, ServerError
 from agentloop.sdk._models import (
@@ -40,6 +40,7 @@ __all__ = [
     "IterationAccepted",
     "Models",
     "NotFound",
+    "Page",
     "Prompt",
     "ServerError",
 ]

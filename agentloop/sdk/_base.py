@@ -7,8 +7,12 @@ response back to `BaseClient._answer`, which raises or parses. Like httpx's `Bas
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+import random
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from email.utils import parsedate_to_datetime
+from time import time as _wall_clock
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote
 
@@ -35,6 +39,19 @@ PromptLike = str | Mapping[str, Any]
 `variation_seed` and `variation_strength`, and `regions` (a layout: a list of mappings with
 `prompt`, `x` and `y`); see `POST /v1/goals/{id}/iterations`."""
 
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+"""Answers worth another try: too many requests, and the server's own failures."""
+NEXT_CURSOR_HEADER = "X-Next-Cursor"
+MAX_RETRY_AFTER = 60.0
+"""The longest a `Retry-After` may make the client wait before one retry, in seconds."""
+
+
+class Page(list[T]):
+    """One page of a list: the items, and `next_cursor` (None on the last page)."""
+
+    next_cursor: str | None = None
+
+
 _CANDIDATES = TypeAdapter(list[Candidate])
 _GOALS = TypeAdapter(list[Goal])
 _HEALTH = TypeAdapter(dict[str, str])
@@ -49,6 +66,9 @@ class Call(Generic[T]):
     parse: Callable[[httpx.Response], T]
     params: dict[str, Any] | None = None
     json: Any = None
+    headers: dict[str, str] = field(default_factory=dict)
+    idempotent: bool = False
+    """Safe to send again: a GET, or a POST that carries an Idempotency-Key."""
 
 
 class BaseClient:
@@ -65,7 +85,16 @@ class BaseClient:
         token: str | None = None,
         headers: Mapping[str, str] | None = None,
         timeout: float = 30.0,
+        max_retries: int = 3,
+        retry_backoff: float = 0.5,
     ):
+        if max_retries < 0 or retry_backoff < 0:
+            raise ValueError("max_retries and retry_backoff must be >= 0")
+        self.max_retries = max_retries
+        """How many times an idempotent call is sent again after a connection error, a 429
+        or a 5xx (0: never)."""
+        self.retry_backoff = retry_backoff
+        """The first retry's longest wait in seconds; it doubles each retry (full jitter)."""
         self.base_url = (base_url or os.environ.get(URL_ENV) or DEFAULT_URL).rstrip("/")
         token = token if token is not None else os.environ.get(TOKEN_ENV)
         self.headers: dict[str, str] = {"User-Agent": f"agentloop-sdk/{_version()}"}
@@ -87,30 +116,42 @@ class BaseClient:
         # Quoted whole, dots included, so an id can never reach another route ("..", "/", "?").
         return self._url(f"/v1/goals/{quote(goal_id, safe='').replace('.', '%2E')}{suffix}")
 
-    def _create_goal(self, goal: str, options: Mapping[str, Any]) -> Call[Goal]:
-        return Call("POST", self._url("/v1/goals"), _model(Goal), json={"goal": goal, **options})
+    def _create_goal(
+        self, goal: str, options: Mapping[str, Any], idempotency_key: str | None = None
+    ) -> Call[Goal]:
+        return Call("POST", self._url("/v1/goals"), _model(Goal), json={"goal": goal, **options},
+                    headers=_idempotency(idempotency_key), idempotent=True)
 
     def _get_goal(self, goal: GoalRef) -> Call[Goal]:
-        return Call("GET", self._goal_url(goal), _model(Goal))
+        return Call("GET", self._goal_url(goal), _model(Goal), idempotent=True)
 
-    def _list_goals(self, limit: int, tenant: str | None) -> Call[list[Goal]]:
+    def _list_goals(
+        self, limit: int, tenant: str | None, status: str | Iterable[str] | None = None,
+        cursor: str | None = None,
+    ) -> Call[Page[Goal]]:
         params: dict[str, Any] = {"limit": limit}
         if tenant is not None:
             params["tenant"] = tenant
-        return Call("GET", self._url("/v1/goals"), _adapter(_GOALS), params=params)
+        params.update(_filters(status=status, cursor=cursor))
+        return Call("GET", self._url("/v1/goals"), _page(_GOALS), params=params, idempotent=True)
 
-    def _candidates(self, goal: GoalRef) -> Call[list[Candidate]]:
-        return Call("GET", self._goal_url(goal, "/candidates"), _adapter(_CANDIDATES))
+    def _candidates(
+        self, goal: GoalRef, iteration: int | None = None,
+        status: str | Iterable[str] | None = None, cursor: str | None = None,
+    ) -> Call[Page[Candidate]]:
+        params = _filters(iteration=iteration, status=status, cursor=cursor)
+        return Call("GET", self._goal_url(goal, "/candidates"), _page(_CANDIDATES),
+                    params=params or None, idempotent=True)
 
     def _add_iteration(
-        self, goal: GoalRef, prompts: Sequence[PromptLike]
+        self, goal: GoalRef, prompts: Sequence[PromptLike], idempotency_key: str | None = None
     ) -> Call[IterationAccepted]:
         if isinstance(prompts, str | bytes):
             raise TypeError("prompts must be a list of prompts, not one string")
         body = [{"prompt": p} if isinstance(p, str) else dict(p) for p in prompts]
         return Call(
             "POST", self._goal_url(goal, "/iterations"), _model(IterationAccepted),
-            json={"prompts": body},
+            json={"prompts": body}, headers=_idempotency(idempotency_key), idempotent=True,
         )
 
     def _close_goal(self, goal: GoalRef) -> Call[Goal]:
@@ -120,10 +161,10 @@ class BaseClient:
         return Call("POST", self._goal_url(goal, "/cancel"), _model(Goal))
 
     def _artifact(self, ref: str | Candidate) -> Call[bytes]:
-        return Call("GET", self._artifact_url(ref), _content)
+        return Call("GET", self._artifact_url(ref), _content, idempotent=True)
 
     def _health(self) -> Call[dict[str, str]]:
-        return Call("GET", self._url("/healthz"), _adapter(_HEALTH))
+        return Call("GET", self._url("/healthz"), _adapter(_HEALTH), idempotent=True)
 
     def _list_models(self) -> Call[Models]:
         return Call("GET", self._url("/v1/models"), _model(Models))
@@ -139,6 +180,25 @@ class BaseClient:
         if ref.startswith(self.base_url + "/"):
             return ref
         raise ValueError(f"{ref!r} is not a path or a URL on {self.base_url}")
+
+    def _headers_for(self, call: Call[Any]) -> dict[str, str]:
+        return {**self.headers, **call.headers}
+
+    def _retry_delay(
+        self, call: Call[Any], attempt: int, response: httpx.Response | None
+    ) -> float | None:
+        """Seconds to wait before sending `call` again, or None to stop. Retries only an
+        idempotent call, after a connection error (`response` None), a 429 or a 5xx, at most
+        `max_retries` times; waits a random time up to `retry_backoff * 2**attempt` (full
+        jitter), or what the answer's `Retry-After` says (at most a minute)."""
+        if not call.idempotent or attempt >= self.max_retries:
+            return None
+        if response is not None and response.status_code not in RETRY_STATUSES:
+            return None
+        after = _retry_after(response) if response is not None else None
+        if after is not None:
+            return after
+        return random.uniform(0, self.retry_backoff * 2**attempt)
 
     # reading answers ---------------------------------------------------------------------
 
@@ -163,24 +223,32 @@ class BaseClient:
 
 
 def error_for(response: httpx.Response) -> AgentloopError:
-    """The exception for an error response: NotFound, InvalidRequest, Conflict, ServerError."""
-    code = response.status_code
+    """The exception for an error response: NotFound, InvalidRequest, Conflict, ServerError,
+    carrying the server's `error.code` and `error.field` (older servers send `detail` only)."""
+    status = response.status_code
     try:
-        detail: Any = response.json().get("detail")
-    except (ValueError, AttributeError):
-        detail = response.text
-    if code == 422:
-        errors = _field_errors(detail)
+        parsed = response.json()
+    except ValueError:
+        parsed = None
+    body: dict[str, Any] = parsed if isinstance(parsed, dict) else {}
+    detail: Any = body.get("detail", response.text if not body else None)
+    found = body.get("error")
+    error: dict[str, Any] = found if isinstance(found, dict) else {}
+    code, field = error.get("code"), error.get("field")
+    message = error.get("message") or (detail if isinstance(detail, str) and detail else None)
+    if status == 422:
+        listed = error.get("errors")
+        errors = ([(str(e.get("field")), str(e.get("message"))) for e in listed]
+                  if isinstance(listed, list) else [])
+        if not errors:
+            errors = _field_errors(detail) if detail is not None else [("body", str(message))]
         message = "; ".join(f"{f}: {m}" for f, m in errors) or "invalid request"
-        return InvalidRequest(message, status_code=code, detail=detail, errors=errors)
-    message = detail if isinstance(detail, str) and detail else f"HTTP {code}"
-    if code == 404:
-        return NotFound(message, status_code=code, detail=detail)
-    if code == 409:
-        return Conflict(message, status_code=code, detail=detail)
-    if code >= 500:
-        return ServerError(message, status_code=code, detail=detail)
-    return AgentloopError(message, status_code=code, detail=detail)
+        return InvalidRequest(message, status_code=status, detail=detail, errors=errors,
+                              code=code, field=field)
+    message = message or f"HTTP {status}"
+    kind = {404: NotFound, 409: Conflict}.get(status, ServerError if status >= 500 else None)
+    return (kind or AgentloopError)(message, status_code=status, detail=detail, code=code,
+                                    field=field)
 
 
 def _field_errors(detail: Any) -> list[tuple[str, str]]:
@@ -194,6 +262,48 @@ def _field_errors(detail: Any) -> list[tuple[str, str]]:
             loc = loc[1:]
         errors.append((".".join(loc) or "body", str(item.get("msg", ""))))
     return errors
+
+
+def _idempotency(key: str | None) -> dict[str, str]:
+    """The Idempotency-Key header: the caller's key, or a fresh one for this call (kept
+    across its retries, so a retried create never makes a second goal)."""
+    return {"Idempotency-Key": key or uuid.uuid4().hex}
+
+
+def _filters(**values: Any) -> dict[str, Any]:
+    """Query parameters given (a status may be one or several)."""
+    params: dict[str, Any] = {}
+    for name, value in values.items():
+        if value is None:
+            continue
+        if name == "status":
+            value = [value] if isinstance(value, str) else list(value)
+        params[name] = value
+    return params
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    """The wait a `Retry-After` header asks for (seconds or an HTTP date), capped."""
+    value = response.headers.get("Retry-After")
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            seconds = parsedate_to_datetime(value).timestamp() - _wall_clock()
+        except (TypeError, ValueError):
+            return None
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER)
+
+
+def _page(adapter: TypeAdapter[list[T]]) -> Callable[[httpx.Response], Page[T]]:
+    def parse(response: httpx.Response) -> Page[T]:
+        page: Page[T] = Page(adapter.validate_json(response.content))
+        page.next_cursor = response.headers.get(NEXT_CURSOR_HEADER)
+        return page
+
+    return parse
 
 
 def _model(cls: type[T]) -> Callable[[httpx.Response], T]:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
 import httpx
 
-from agentloop.sdk._base import BaseClient, Call, GoalRef, PromptLike
+from agentloop.sdk._base import BaseClient, Call, GoalRef, Page, PromptLike
 from agentloop.sdk._models import Candidate, Goal, IterationAccepted, Models
 
 T = TypeVar("T")
@@ -30,36 +30,86 @@ class Client(BaseClient):
         token: str | None = None,
         headers: Mapping[str, str] | None = None,
         timeout: float = 30.0,
+        max_retries: int = 3,
+        retry_backoff: float = 0.5,
         transport: httpx.BaseTransport | None = None,
         http_client: httpx.Client | None = None,
     ):
-        super().__init__(base_url, token=token, headers=headers, timeout=timeout)
+        super().__init__(
+            base_url, token=token, headers=headers, timeout=timeout, max_retries=max_retries,
+            retry_backoff=retry_backoff,
+        )
         if http_client is not None and transport is not None:
             raise ValueError("pass either transport or http_client, not both")
         self._owns_http = http_client is None
         self._http = http_client or httpx.Client(transport=transport, timeout=timeout)
 
     def _request(self, call: Call[T]) -> T:
-        response = self._http.request(
-            call.method, call.url, params=call.params, json=call.json, headers=self.headers
-        )
-        return self._answer(call, response)
+        attempt = 0
+        while True:
+            try:
+                response = self._http.request(
+                    call.method, call.url, params=call.params, json=call.json,
+                    headers=self._headers_for(call),
+                )
+            except httpx.TransportError:
+                delay = self._retry_delay(call, attempt, None)
+                if delay is None:
+                    raise
+            else:
+                delay = self._retry_delay(call, attempt, response)
+                if delay is None:
+                    return self._answer(call, response)
+            attempt += 1
+            time.sleep(delay)
 
-    def create_goal(self, goal: str, **options: Any) -> Goal:
-        """Create a goal (options: budget, fanout, model, scorer, steps, size, reviser, ...)."""
-        return self._request(self._create_goal(goal, options))
+    def create_goal(
+        self, goal: str, *, idempotency_key: str | None = None, **options: Any
+    ) -> Goal:
+        """Create a goal (options: budget, fanout, model, scorer, steps, size, reviser, ...).
+        Sent with an Idempotency-Key (`idempotency_key`, or a fresh one), so retries are safe."""
+        return self._request(self._create_goal(goal, options, idempotency_key))
 
     def get_goal(self, goal: GoalRef) -> Goal:
         """A goal with its iterations and best candidate."""
         return self._request(self._get_goal(goal))
 
-    def list_goals(self, limit: int = 50, tenant: str | None = None) -> list[Goal]:
-        """The most recent goals, newest first."""
-        return self._request(self._list_goals(limit, tenant))
+    def list_goals(
+        self, limit: int = 50, tenant: str | None = None, *,
+        status: str | Iterable[str] | None = None, cursor: str | None = None,
+    ) -> Page[Goal]:
+        """One page of goals, newest first, each with its summary; `.next_cursor` names the
+        next page (None on the last)."""
+        return self._request(self._list_goals(limit, tenant, status, cursor))
 
-    def candidates(self, goal: GoalRef) -> list[Candidate]:
-        """Every candidate of a goal, in iteration order."""
-        return self._request(self._candidates(goal))
+    def iter_goals(
+        self, tenant: str | None = None, *, status: str | Iterable[str] | None = None,
+        page_size: int = 100,
+    ) -> Iterator[Goal]:
+        """Every goal, newest first, page after page."""
+        cursor = None
+        while True:
+            page = self.list_goals(page_size, tenant, status=status, cursor=cursor)
+            for goal in page:  # noqa: UP028 - written as the async twin must be
+                yield goal
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
+
+    def candidates(
+        self, goal: GoalRef, *, iteration: int | None = None,
+        status: str | Iterable[str] | None = None,
+    ) -> list[Candidate]:
+        """Every candidate of a goal (or of one iteration, or in some statuses), in
+        iteration order, page after page."""
+        found: list[Candidate] = []
+        cursor = None
+        while True:
+            page = self._request(self._candidates(goal, iteration, status, cursor))
+            found.extend(page)
+            if page.next_cursor is None:
+                return found
+            cursor = page.next_cursor
 
     def wait(self, goal: GoalRef, timeout: float = 600, poll: float = 0.5) -> Goal:
         """Poll until the goal is done, failed or waiting for prompts; TimeoutError otherwise."""
@@ -74,9 +124,13 @@ class Client(BaseClient):
                 raise self._timed_out(current, timeout)
             time.sleep(min(poll, left))
 
-    def add_iteration(self, goal: GoalRef, prompts: Sequence[PromptLike]) -> IterationAccepted:
-        """Supply the next iteration's prompts to a goal with reviser 'external'."""
-        return self._request(self._add_iteration(goal, prompts))
+    def add_iteration(
+        self, goal: GoalRef, prompts: Sequence[PromptLike], *,
+        idempotency_key: str | None = None,
+    ) -> IterationAccepted:
+        """Supply the next iteration's prompts to a goal with reviser 'external'. Sent with
+        an Idempotency-Key (`idempotency_key`, or a fresh one), so retries are safe."""
+        return self._request(self._add_iteration(goal, prompts, idempotency_key))
 
     def close_goal(self, goal: GoalRef) -> Goal:
         """End a goal that is waiting for prompts."""

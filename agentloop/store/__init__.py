@@ -1,5 +1,25 @@
 """The store: ORM models and the only module that issues SQL."""
 
-from agentloop.store.store import BudgetExceeded, Conflict, Outcome, Store, new_id, utcnow
+from agentloop.store.store import (
+    BudgetExceeded,
+    Conflict,
+    IdempotencyClaim,
+    IdempotencyKeyTaken,
+    IdempotencyRecord,
+    Outcome,
+    Store,
+    new_id,
+    utcnow,
+)
 
-__all__ = ["BudgetExceeded", "Conflict", "Outcome", "Store", "new_id", "utcnow"]
+__all__ = [
+    "BudgetExceeded",
+    "Conflict",
+    "IdempotencyClaim",
+    "IdempotencyKeyTaken",
+    "IdempotencyRecord",
+    "Outcome",
+    "Store",
+    "new_id",
+    "utcnow",
+]

@@ -14,6 +14,7 @@ from sqlalchemy import (
     Index,
     Integer,
     MetaData,
+    PrimaryKeyConstraint,
     String,
     Text,
     UniqueConstraint,
@@ -104,3 +105,24 @@ class CandidateRow(Base):
     queued_at: Mapped[datetime | None] = mapped_column(DateTime())
     started_at: Mapped[datetime | None] = mapped_column(DateTime())
     finished_at: Mapped[datetime | None] = mapped_column(DateTime())
+
+
+class IdempotencyKeyRow(Base):
+    """A request made with an `Idempotency-Key`: inserted in the transaction that creates the
+    goal or iteration (the primary key makes a concurrent second one fail), then given the
+    response it answered. `response_status` None: the first request has not answered yet."""
+
+    __tablename__ = "idempotency_keys"
+    __table_args__ = (
+        PrimaryKeyConstraint("scope", "key", name="pk_idempotency_keys"),
+        Index("ix_idempotency_keys_created", "created_at"),
+    )
+
+    scope: Mapped[str] = mapped_column(String(200))
+    """The tenant and the route the key belongs to."""
+    key: Mapped[str] = mapped_column(String(255))
+    request_hash: Mapped[str] = mapped_column(String(64))
+    resource_id: Mapped[str | None] = mapped_column(String(32))
+    response_status: Mapped[int | None] = mapped_column(Integer)
+    response_body: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime())

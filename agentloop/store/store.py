@@ -13,7 +13,20 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, delete, event, func, insert, select, text, update
+from sqlalchemy import (
+    Engine,
+    and_,
+    create_engine,
+    delete,
+    event,
+    func,
+    insert,
+    or_,
+    select,
+    text,
+    update,
+)
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from agentloop.domain import (
@@ -27,7 +40,7 @@ from agentloop.domain import (
     IterationStatus,
     IterationView,
 )
-from agentloop.store.models import CandidateRow, GoalRow, IterationRow
+from agentloop.store.models import CandidateRow, GoalRow, IdempotencyKeyRow, IterationRow
 
 
 class Conflict(RuntimeError):
@@ -36,6 +49,31 @@ class Conflict(RuntimeError):
 
 class BudgetExceeded(Conflict):
     """Reserving generations would exceed the goal's budget."""
+
+
+class IdempotencyKeyTaken(Conflict):
+    """Another request holds this idempotency key (committed first, or at the same time)."""
+
+
+@dataclass(frozen=True)
+class IdempotencyClaim:
+    """An `Idempotency-Key` to record in the transaction that does the request's work."""
+
+    scope: str
+    key: str
+    request_hash: str
+    retention_seconds: float
+
+
+@dataclass(frozen=True)
+class IdempotencyRecord:
+    """What the store knows of a key: the request it came with, and its answer once given."""
+
+    request_hash: str
+    resource_id: str | None
+    response_status: int | None
+    response_body: Any
+    created_at: datetime
 
 
 ACTIVE_GOAL = (GoalStatus.PENDING.value, GoalStatus.RUNNING.value, GoalStatus.WAITING.value)
@@ -119,8 +157,9 @@ class Store:
 
     # goals ---------------------------------------------------------------------------
 
-    def create_goal(self, spec: GoalSpec) -> GoalView:
-        """Insert a pending goal (timestamps on the database clock, which the sweep reads)."""
+    def create_goal(self, spec: GoalSpec, claim: IdempotencyClaim | None = None) -> GoalView:
+        """Insert a pending goal (timestamps on the database clock, which the sweep reads);
+        with `claim`, record its key in the same transaction (IdempotencyKeyTaken if held)."""
         with self._tx() as s:
             now = self._now(s)
             row = GoalRow(
@@ -128,6 +167,8 @@ class Store:
                 status=GoalStatus.PENDING.value, budget=spec.budget, generations_reserved=0,
                 created_at=now, updated_at=now,
             )
+            if claim is not None:
+                _claim_key(s, claim, now, row.id)
             s.add(row)
         return _goal_view(row)
 
@@ -172,11 +213,15 @@ class Store:
 
     # the orchestrator's step ----------------------------------------------------------
 
-    def decide(self, goal_id: str, decide: Callable[[GoalState], Decision]) -> Decision | None:
+    def decide(
+        self, goal_id: str, decide: Callable[[GoalState], Decision],
+        claim: IdempotencyClaim | None = None,
+    ) -> Decision | None:
         """Lock the goal, let `decide` look at its state, apply the decision, commit.
 
         Returns None when the goal does not exist. Concurrent calls for one goal run one
-        after the other (row lock on PostgreSQL, the write lock on SQLite).
+        after the other (row lock on PostgreSQL, the write lock on SQLite). With `claim`,
+        its idempotency key is recorded in the same transaction (IdempotencyKeyTaken if held).
         """
         with self._tx() as s:
             row = s.scalars(
@@ -186,6 +231,8 @@ class Store:
                 return None
             state = _read_state(s, row)
             state.now = self._now(s)
+            if claim is not None:
+                _claim_key(s, claim, state.now, goal_id)
             decision = decide(state)
             decision.model = state.goal.spec.model
             if not decision.is_noop:
@@ -425,6 +472,108 @@ class Store:
             return int(
                 s.scalar(select(func.count()).where(CandidateRow.goal_id == goal_id)) or 0
             )
+
+
+    # summaries and pages -------------------------------------------------------------
+
+    def list_goals_page(
+        self, limit: int, tenant: str | None = None, statuses: Sequence[str] = (),
+        after: tuple[datetime, str] | None = None,
+    ) -> list[GoalView]:
+        """Goals newest first, by (created_at, id) descending, starting after `after`."""
+        stmt = select(GoalRow).order_by(GoalRow.created_at.desc(), GoalRow.id.desc()).limit(limit)
+        if tenant:
+            stmt = stmt.where(GoalRow.tenant == tenant)
+        if statuses:
+            stmt = stmt.where(GoalRow.status.in_(list(statuses)))
+        if after is not None:
+            at, gid = after
+            stmt = stmt.where(or_(GoalRow.created_at < at,
+                                  and_(GoalRow.created_at == at, GoalRow.id < gid)))
+        with self._tx() as s:
+            return [_goal_view(r) for r in s.scalars(stmt)]
+
+    def goal_summaries(
+        self, goals: Sequence[GoalView]
+    ) -> dict[str, tuple[int, CandidateView | None, list[IterationView]]]:
+        """Per goal: candidates finished, its best candidate, its iterations (three queries
+        for the whole page, never one per goal)."""
+        ids = [g.id for g in goals]
+        best_ids = [g.best_candidate_id for g in goals if g.best_candidate_id]
+        with self._tx() as s:
+            done = dict(s.execute(
+                select(CandidateRow.goal_id, func.count())
+                .where(CandidateRow.goal_id.in_(ids),
+                       CandidateRow.status.notin_(UNFINISHED_CANDIDATE))
+                .group_by(CandidateRow.goal_id)
+            ).all())
+            best = {r.id: _candidate_view(r) for r in s.scalars(
+                select(CandidateRow).where(CandidateRow.id.in_(best_ids)))} if best_ids else {}
+            iterations: dict[str, list[IterationView]] = {gid: [] for gid in ids}
+            for r in s.scalars(select(IterationRow).where(IterationRow.goal_id.in_(ids))
+                               .order_by(IterationRow.goal_id, IterationRow.index)):
+                iterations[r.goal_id].append(_iteration_view(r))
+        return {g.id: (int(done.get(g.id, 0)), best.get(g.best_candidate_id or ""),
+                       iterations[g.id]) for g in goals}
+
+    def list_candidates_page(
+        self, goal_id: str, limit: int, iteration: int | None = None,
+        statuses: Sequence[str] = (), after: tuple[int, int] | None = None,
+    ) -> list[CandidateView]:
+        """A goal's candidates by (iteration, ordinal), starting after `after`."""
+        stmt = (select(CandidateRow).where(CandidateRow.goal_id == goal_id)
+                .order_by(CandidateRow.iteration, CandidateRow.ordinal).limit(limit))
+        if iteration is not None:
+            stmt = stmt.where(CandidateRow.iteration == iteration)
+        if statuses:
+            stmt = stmt.where(CandidateRow.status.in_(list(statuses)))
+        if after is not None:
+            it, ordinal = after
+            stmt = stmt.where(or_(CandidateRow.iteration > it,
+                                  and_(CandidateRow.iteration == it, CandidateRow.ordinal > ordinal)))
+        with self._tx() as s:
+            return [_candidate_view(r) for r in s.scalars(stmt)]
+
+    # idempotency keys ------------------------------------------------------------------
+
+    def idempotency_record(
+        self, scope: str, key: str, retention_seconds: float
+    ) -> IdempotencyRecord | None:
+        """The key's record, unless there is none or it is older than the retention."""
+        with self._tx() as s:
+            row = s.get(IdempotencyKeyRow, (scope, key))
+            if row is None or row.created_at < self._now(s) - timedelta(seconds=retention_seconds):
+                return None
+            return IdempotencyRecord(row.request_hash, row.resource_id, row.response_status,
+                                     row.response_body, row.created_at)
+
+    def answer_idempotency_key(self, scope: str, key: str, status: int, body: Any) -> None:
+        """Record the response a key's first request answered (what its replays answer)."""
+        with self._tx() as s:
+            s.execute(update(IdempotencyKeyRow)
+                      .where(IdempotencyKeyRow.scope == scope, IdempotencyKeyRow.key == key)
+                      .values(response_status=status, response_body=body))
+
+    def forget_idempotency_key(self, scope: str, key: str) -> None:
+        """Drop a key whose request failed (the caller may send it again with the same key)."""
+        with self._tx() as s:
+            s.execute(delete(IdempotencyKeyRow)
+                      .where(IdempotencyKeyRow.scope == scope, IdempotencyKeyRow.key == key))
+
+
+def _claim_key(s: Session, claim: IdempotencyClaim, now: datetime, resource_id: str) -> None:
+    """Insert the key's row in the caller's transaction, first dropping expired keys. A key
+    already held raises IdempotencyKeyTaken (on PostgreSQL the insert waits for a concurrent
+    holder's transaction to end; SQLite has one writer at a time)."""
+    cut = now - timedelta(seconds=claim.retention_seconds)
+    s.execute(delete(IdempotencyKeyRow).where(IdempotencyKeyRow.created_at < cut))
+    try:
+        s.execute(insert(IdempotencyKeyRow).values(
+            scope=claim.scope, key=claim.key, request_hash=claim.request_hash,
+            resource_id=resource_id, created_at=now,
+        ))
+    except IntegrityError:
+        raise IdempotencyKeyTaken(f"idempotency key {claim.key!r} is held") from None
 
 
 def _goals_waiting_on_idle_queues(
