@@ -295,7 +295,10 @@ def get_artifact(goal_id: GoalId, name: ArtifactName, settings: SettingsDep) -> 
     return FileResponse(Path(path), media_type="image/png")
 
 
-@router.get("/models", response_model=ModelsOut, responses=_answers())
+@router.get(
+    "/models", response_model=ModelsOut, responses=_answers(), tags=["models"],
+    operation_id="list_models", summary="List the models and scorers",
+)
 def list_models(settings: SettingsDep) -> ModelsOut:
     """The models and scorers this installation knows, and the defaults a goal gets."""
     from engine.catalog import is_known_model, is_known_scorer, known_models, known_scorers

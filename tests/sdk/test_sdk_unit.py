@@ -139,7 +139,7 @@ def test_the_twins_offer_the_same_methods() -> None:
         }
 
     sync, async_ = api(Client), api(AsyncClient)
-    assert sync == async_ and len(sync) == 11
+    assert sync == async_ and len(sync) == 12
     generators = {"iter_goals"}
     assert all(inspect.iscoroutinefunction(getattr(AsyncClient, n)) for n in async_.keys() - generators)
     assert inspect.isasyncgenfunction(AsyncClient.iter_goals)
