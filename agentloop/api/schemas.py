@@ -10,6 +10,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from agentloop.domain import (
     MAX_SEED,
     CandidateView,
+    EventView,
     FiniteFloat,
     GoalState,
     GoalView,
@@ -158,3 +159,21 @@ class IterationAccepted(BaseModel):
     goal_id: str
     iteration: int
     candidate_ids: list[str]
+
+
+class EventOut(BaseModel):
+    """One event of a goal's log; `id` only grows (the SSE `id:`, and the `Last-Event-ID` to
+    resume from)."""
+
+    id: int
+    goal_id: str
+    type: str = Field(description="goal.created, goal.status, goal.best, goal.finished, "
+                      "iteration.opened, iteration.closed, iteration.withdrawn, "
+                      "candidate.started, candidate.succeeded, candidate.failed, "
+                      "candidate.cancelled")
+    data: dict[str, Any]
+    created_at: UtcDateTime
+
+    @classmethod
+    def of(cls, e: EventView) -> EventOut:
+        return cls(id=e.id, goal_id=e.goal_id, type=e.type, data=e.data, created_at=e.created_at)
