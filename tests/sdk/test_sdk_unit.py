@@ -130,16 +130,20 @@ def test_transport_or_http_client_not_both() -> None:
 
 
 def test_the_twins_offer_the_same_methods() -> None:
-    def api(cls: type) -> dict[str, inspect.Signature]:
+    def api(cls: type) -> dict[str, list[inspect.Parameter]]:
         return {
-            n: inspect.signature(f) for n, f in vars(cls).items()
+            n: list(inspect.signature(f).parameters.values()) for n, f in vars(cls).items()
             if callable(f) and not n.startswith("_") and n not in ("close", "aclose")
         }
 
+    def is_async(f: object) -> bool:
+        return inspect.iscoroutinefunction(f) or inspect.isasyncgenfunction(f)
+
     sync, async_ = api(Client), api(AsyncClient)
-    assert sync == async_ and len(sync) == 10
-    assert all(inspect.iscoroutinefunction(getattr(AsyncClient, n)) for n in async_)
-    assert not any(inspect.iscoroutinefunction(getattr(Client, n)) for n in sync)
+    assert sync == async_ and len(sync) == 11
+    assert all(is_async(getattr(AsyncClient, n)) for n in async_)
+    assert not any(is_async(getattr(Client, n)) for n in sync)
+    assert inspect.isasyncgenfunction(AsyncClient.events)
 
 
 def test_importing_the_sdk_stays_light() -> None:
