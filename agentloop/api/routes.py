@@ -192,14 +192,14 @@ def goal_events(
     after: Annotated[int, Query(ge=0, description="only events with a larger id")] = 0,
     stream: Annotated[bool, Query(description="false: a JSON list instead of a stream")] = True,
     limit: Annotated[int, Query(ge=1, le=1000, description="most events in a JSON list")] = 1000,
-    last_event_id: Annotated[int | None, Header(
+    last_event_id: Annotated[int, Header(
         ge=0, description="resume after this event (what an EventSource sends on reconnect)",
-    )] = None,
+    )] = 0,
 ) -> Any:
     """The goal's events, live (Server-Sent Events until `goal.finished`) or as a list."""
     if store.get_goal(goal_id) is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"goal {goal_id} not found")
-    after = last_event_id if last_event_id is not None else after
+    after = max(after, last_event_id)  # both say "seen up to": the later one
     if not stream:
         return [EventOut.of(e) for e in store.events_after(goal_id, after, limit)]
     return EventSourceResponse(
