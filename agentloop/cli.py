@@ -13,6 +13,7 @@ from rich.console import Console
 
 # Light: pydantic only. The server side (settings, store, engine) is imported inside the
 # commands that need it, so the client install (`pip install agentloop`) runs the rest.
+from agentloop.cli_client import goals_app, run_remote
 from agentloop.domain import GoalInvalid, GoalRequest, GoalStatus, check_goal
 
 if TYPE_CHECKING:
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Agent-driven generation loops.")
 db_app = typer.Typer(no_args_is_help=True, help="Database schema (Alembic migrations).")
 app.add_typer(db_app, name="db")
+app.add_typer(goals_app, name="goals")
 err = Console(stderr=True)
 
 
@@ -70,8 +72,20 @@ def run(
     reviser: Annotated[str, typer.Option(help="search (default) or external.")] = "search",
     out: Annotated[Path | None, typer.Option(help="Output folder (default agentloop-out/<goal id>).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object with the result.")] = False,
+    url: Annotated[str | None, typer.Option(
+        help="Submit to this server and watch it there, instead of running here.",
+    )] = None,
 ) -> None:
-    """Run one goal to the end and write its gallery."""
+    """Run one goal to the end and write its gallery (or, with --url, on a server)."""
+    if url:
+        options = {
+            "goal": goal, "budget": budget, "fanout": fanout, "max_iterations": max_iterations,
+            "target_score": target_score, "patience": patience, "model": model,
+            "scorer": scorer, "steps": steps, "size": size, "guidance": guidance, "seed": seed,
+            "reviser": reviser,
+        }
+        run_remote(url, {k: v for k, v in options.items() if v is not None}, as_json)
+        return
     settings = get_settings(engine=True)
     try:
         spec = check_goal(

@@ -378,6 +378,20 @@ class GoalState:
         return [c for c in self.candidates if c.iteration == index]
 
 
+@dataclass(frozen=True)
+class EventView:
+    """One entry of a goal's event log: `id` only grows, `type` names the transition
+    (`goal.created`, `goal.status`, `goal.best`, `goal.finished`, `iteration.opened`,
+    `iteration.closed`, `iteration.withdrawn`, `candidate.started`, `candidate.succeeded`,
+    `candidate.failed`, `candidate.cancelled`), `data` what changed."""
+
+    id: int
+    goal_id: str
+    type: str
+    data: dict[str, Any]
+    created_at: datetime
+
+
 @dataclass
 class CandidateDraft:
     """A candidate a reviser proposes: what to generate, and where it came from."""

@@ -24,7 +24,7 @@ from agentloop.domain import (
 from agentloop.layout import MAX_REGIONS
 
 if TYPE_CHECKING:
-    from agentloop.domain import CandidateView, GoalState, GoalView, IterationView
+    from agentloop.domain import CandidateView, EventView, GoalState, GoalView, IterationView
 
 SCORE_SCALE = "CLIPScore = 2.5 * max(cos, 0), Hessel et al. 2021; range 0 to 2.5"
 
@@ -224,3 +224,21 @@ class ModelsOut(BaseModel):
     default_model: str = Field(description="the model a goal without `model` gets")
     default_scorer: str = Field(description="the scorer a goal without `scorer` gets")
     score_scale: str = SCORE_SCALE
+
+
+class EventOut(BaseModel):
+    """One event of a goal's log; `id` only grows (the SSE `id:`, and the `Last-Event-ID` to
+    resume from)."""
+
+    id: int
+    goal_id: str
+    type: str = Field(description="goal.created, goal.status, goal.best, goal.finished, "
+                      "iteration.opened, iteration.closed, iteration.withdrawn, "
+                      "candidate.started, candidate.succeeded, candidate.failed, "
+                      "candidate.cancelled")
+    data: dict[str, Any]
+    created_at: UtcDateTime
+
+    @classmethod
+    def of(cls, e: EventView) -> EventOut:
+        return cls(id=e.id, goal_id=e.goal_id, type=e.type, data=e.data, created_at=e.created_at)

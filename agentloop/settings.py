@@ -106,6 +106,14 @@ class Settings(BaseSettings):
     """How long an `Idempotency-Key` answers with its first response; an older key is
     forgotten (a request with it runs again)."""
 
+    events_ping_seconds: float = 15.0
+    """How often `GET /v1/goals/{id}/events` sends a keep-alive comment while nothing happens
+    (proxies close connections that stay silent)."""
+
+    events_poll_seconds: float = 0.25
+    """How often an open event stream reads the events table for new rows (the one place that
+    polls: events written by workers in other processes reach every API process this way)."""
+
     @model_validator(mode="after")
     def _lease_fits_visibility(self) -> Settings:
         if self.lease_seconds <= 0 or self.lease_seconds >= self.visibility_timeout:

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Query, Request, Response, status
+import anyio
+from fastapi import APIRouter, Body, Header, HTTPException, Query, Request, Response, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
 from pydantic import Field
+from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.concurrency import run_in_threadpool
 
 from agentloop.api.deps import DispatcherDep, SettingsDep, StoreDep
 from agentloop.api.errors import ApiError
@@ -26,6 +30,7 @@ from agentloop.api.pagination import (
 from agentloop.api.schemas import (
     CandidateOut,
     ErrorOut,
+    EventOut,
     GoalOut,
     IterationAccepted,
     IterationIn,
@@ -279,6 +284,57 @@ def cancel(goal_id: GoalId, store: StoreDep) -> GoalOut:
     except IterationRejected as exc:
         raise _rejected(exc) from None
     return _goal_or_404(store, goal_id)
+
+
+@router.get(
+    "/goals/{goal_id}/events", response_model=None,
+    responses={200: {
+        "model": list[EventOut],
+        "description": "the goal's events: Server-Sent Events (`id:` the event id, `event:` its "
+        "type, `data:` the event as JSON), or with `stream=false` a JSON list",
+        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    }, **_answers(404)},
+)
+def goal_events(
+    goal_id: GoalId, store: StoreDep, settings: SettingsDep,
+    after: Annotated[int, Query(ge=0, description="only events with a larger id")] = 0,
+    stream: Annotated[bool, Query(description="false: a JSON list instead of a stream")] = True,
+    limit: Annotated[int, Query(ge=1, le=1000, description="most events in a JSON list")] = 1000,
+    last_event_id: Annotated[int, Header(
+        ge=0, description="resume after this event (what an EventSource sends on reconnect)",
+    )] = 0,
+) -> Any:
+    """The goal's events, live (Server-Sent Events until `goal.finished`) or as a list."""
+    if store.get_goal(goal_id) is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"goal {goal_id} not found")
+    after = max(after, last_event_id)  # both say "seen up to": the later one
+    if not stream:
+        return [EventOut.of(e) for e in store.events_after(goal_id, after, limit)]
+    return EventSourceResponse(
+        event_stream(store, goal_id, after, settings.events_poll_seconds),
+        ping=settings.events_ping_seconds,
+    )
+
+
+async def event_stream(
+    store: StoreDep, goal_id: str, after: int, poll_seconds: float
+) -> AsyncIterator[Any]:
+    """A goal's events after `after` as SSE messages, read from the events table every
+    `poll_seconds`, until its `goal.finished` has been sent."""
+    finished = await run_in_threadpool(store.finished_event_id, goal_id)
+    if finished is not None and finished <= after:
+        return  # the caller has seen the end already
+    while True:
+        events = await run_in_threadpool(store.events_after, goal_id, after, 500)
+        for e in events:
+            yield ServerSentEvent(
+                data=EventOut.of(e).model_dump_json(), event=e.type, id=str(e.id)
+            )
+            after = e.id
+            if e.type == "goal.finished":
+                return
+        if len(events) < 500:
+            await anyio.sleep(poll_seconds)
 
 
 @router.get(

@@ -11,6 +11,7 @@ from agentloop.models import (
     CandidateOut,
     ErrorInfo,
     ErrorOut,
+    EventOut,
     FieldError,
     GoalOut,
     IterationAccepted,
@@ -25,6 +26,7 @@ from agentloop.models import (
 __all__ = [
     "SCORE_SCALE",
     "CandidateOut",
+    "EventOut",
     "ErrorInfo",
     "ErrorOut",
     "FieldError",

@@ -15,6 +15,7 @@ from agentloop.sdk._async import AsyncClient
 from agentloop.sdk._base import SETTLED, BaseClient, Page
 from agentloop.sdk._client import Client
 from agentloop.sdk._errors import AgentloopError, Conflict, InvalidRequest, NotFound, ServerError
+from agentloop.sdk._events import Event
 from agentloop.sdk._models import (
     SCORE_SCALE,
     Candidate,
@@ -34,6 +35,7 @@ __all__ = [
     "Candidate",
     "Client",
     "Conflict",
+    "Event",
     "Goal",
     "InvalidRequest",
     "Iteration",

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
 import httpx
+from httpx_sse import EventSource, aconnect_sse
 
-from agentloop.sdk._base import BaseClient, Call, GoalRef, Page, PromptLike
+from agentloop.sdk import _events
+from agentloop.sdk._base import BaseClient, Call, GoalRef, Page, PromptLike, error_for
+from agentloop.sdk._errors import AgentloopError
+from agentloop.sdk._events import Event
 from agentloop.sdk._models import Candidate, Goal, IterationAccepted, Models
 
 T = TypeVar("T")
@@ -112,10 +116,30 @@ class AsyncClient(BaseClient):
                 return found
             cursor = page.next_cursor
 
-    async def wait(self, goal: GoalRef, timeout: float = 600, poll: float = 0.5) -> Goal:
-        """Poll until the goal is done, failed or waiting for prompts; TimeoutError otherwise."""
+    async def wait(
+        self, goal: GoalRef, timeout: float = 600, poll: float = 0.5,
+        progress: Callable[[Event], Any] | None = None,
+    ) -> Goal:
+        """Wait until the goal is done, failed, cancelled or waiting for prompts; TimeoutError
+        otherwise. Follows the goal's event stream, calling `progress(event)` for each event
+        from its first (awaited if it is a coroutine function); polls `get_goal` every `poll`
+        s where the server has no stream."""
         self._check_wait(timeout, poll)
         deadline = time.monotonic() + timeout
+        current = await self.get_goal(goal)
+        if self._settled(current):
+            return current
+        try:
+            async for event in self._follow(current.id, None, deadline):
+                if progress is not None and asyncio.iscoroutine(answer := progress(event)):
+                    await answer
+                if _events.settles(event) and self._settled(current := await self.get_goal(goal)):
+                    return current
+        except TimeoutError:
+            raise self._timed_out(await self.get_goal(goal), timeout) from None
+        except (AgentloopError, _events.SSEError, httpx.TransportError) as exc:
+            if not _events.stream_unavailable(exc):
+                raise
         while True:
             current = await self.get_goal(goal)
             left = deadline - time.monotonic()
@@ -124,6 +148,43 @@ class AsyncClient(BaseClient):
             if left <= 0:
                 raise self._timed_out(current, timeout)
             await asyncio.sleep(min(poll, left))
+
+    async def events(self, goal: GoalRef, after: int | None = None) -> AsyncIterator[Event]:
+        """The goal's events, oldest first (those after the id `after`), live until its
+        `goal.finished`; reconnects with `Last-Event-ID` when the connection drops."""
+        goal_id = goal.id if isinstance(goal, Goal) else goal
+        async for event in self._follow(goal_id, after, None):
+            yield event
+
+    async def _follow(
+        self, goal_id: str, after: int | None, deadline: float | None
+    ) -> AsyncIterator[Event]:
+        last, failures = after, 0
+        while True:
+            try:
+                async with aconnect_sse(
+                    self._http, "GET", self._goal_url(goal_id, "/events"),
+                    headers=_events.stream_headers(self.headers, last),
+                    timeout=_events.stream_timeout(self.timeout, deadline),
+                ) as source:
+                    if source.response.status_code >= 400:
+                        await source.response.aread()
+                        raise error_for(source.response)
+                    async for sse in EventSource(_events.Deadline(source.response, deadline)).aiter_sse():  # type: ignore[arg-type]
+                        event = _events.event_of(sse)
+                        last, failures = event.id, 0
+                        yield event
+                        if event.type == _events.GOAL_FINISHED:
+                            return
+                if (await self.get_goal(goal_id)).status in _events.SETTLED_STATUSES - {"waiting"}:
+                    return  # ended, and the stream had nothing more: the end was seen
+            except httpx.TransportError:
+                if _events.past(deadline):
+                    raise TimeoutError("deadline passed") from None
+                if failures >= _events.RECONNECTS:
+                    raise
+            failures += 1
+            await asyncio.sleep(_events.reconnect_delay(failures))
 
     async def add_iteration(
         self, goal: GoalRef, prompts: Sequence[PromptLike], *,

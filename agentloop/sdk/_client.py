@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
 import httpx
+from httpx_sse import EventSource, connect_sse
 
-from agentloop.sdk._base import BaseClient, Call, GoalRef, Page, PromptLike
+from agentloop.sdk import _events
+from agentloop.sdk._base import BaseClient, Call, GoalRef, Page, PromptLike, error_for
+from agentloop.sdk._errors import AgentloopError
+from agentloop.sdk._events import Event
 from agentloop.sdk._models import Candidate, Goal, IterationAccepted, Models
 
 T = TypeVar("T")
@@ -111,10 +115,29 @@ class Client(BaseClient):
                 return found
             cursor = page.next_cursor
 
-    def wait(self, goal: GoalRef, timeout: float = 600, poll: float = 0.5) -> Goal:
-        """Poll until the goal is done, failed or waiting for prompts; TimeoutError otherwise."""
+    def wait(
+        self, goal: GoalRef, timeout: float = 600, poll: float = 0.5,
+        progress: Callable[[Event], Any] | None = None,
+    ) -> Goal:
+        """Wait until the goal is done, failed, cancelled or waiting for prompts; TimeoutError
+        otherwise. Follows the goal's event stream, calling `progress(event)` for each event
+        from its first; polls `get_goal` every `poll` s where the server has no stream."""
         self._check_wait(timeout, poll)
         deadline = time.monotonic() + timeout
+        current = self.get_goal(goal)
+        if self._settled(current):
+            return current
+        try:
+            for event in self._follow(current.id, None, deadline):
+                if progress is not None:
+                    progress(event)
+                if _events.settles(event) and self._settled(current := self.get_goal(goal)):
+                    return current
+        except TimeoutError:
+            raise self._timed_out(self.get_goal(goal), timeout) from None
+        except (AgentloopError, _events.SSEError, httpx.TransportError) as exc:
+            if not _events.stream_unavailable(exc):
+                raise
         while True:
             current = self.get_goal(goal)
             left = deadline - time.monotonic()
@@ -123,6 +146,40 @@ class Client(BaseClient):
             if left <= 0:
                 raise self._timed_out(current, timeout)
             time.sleep(min(poll, left))
+
+    def events(self, goal: GoalRef, after: int | None = None) -> Iterator[Event]:
+        """The goal's events, oldest first (those after the id `after`), live until its
+        `goal.finished`; reconnects with `Last-Event-ID` when the connection drops."""
+        goal_id = goal.id if isinstance(goal, Goal) else goal
+        yield from self._follow(goal_id, after, None)
+
+    def _follow(self, goal_id: str, after: int | None, deadline: float | None) -> Iterator[Event]:
+        last, failures = after, 0
+        while True:
+            try:
+                with connect_sse(
+                    self._http, "GET", self._goal_url(goal_id, "/events"),
+                    headers=_events.stream_headers(self.headers, last),
+                    timeout=_events.stream_timeout(self.timeout, deadline),
+                ) as source:
+                    if source.response.status_code >= 400:
+                        source.response.read()
+                        raise error_for(source.response)
+                    for sse in EventSource(_events.Deadline(source.response, deadline)).iter_sse():  # type: ignore[arg-type]
+                        event = _events.event_of(sse)
+                        last, failures = event.id, 0
+                        yield event
+                        if event.type == _events.GOAL_FINISHED:
+                            return
+                if self.get_goal(goal_id).status in _events.SETTLED_STATUSES - {"waiting"}:
+                    return  # ended, and the stream had nothing more: the end was seen
+            except httpx.TransportError:
+                if _events.past(deadline):
+                    raise TimeoutError("deadline passed") from None
+                if failures >= _events.RECONNECTS:
+                    raise
+            failures += 1
+            time.sleep(_events.reconnect_delay(failures))
 
     def add_iteration(
         self, goal: GoalRef, prompts: Sequence[PromptLike], *,

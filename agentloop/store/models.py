@@ -126,3 +126,23 @@ class IdempotencyKeyRow(Base):
     response_status: Mapped[int | None] = mapped_column(Integer)
     response_body: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(DateTime())
+
+
+class EventRow(Base):
+    """One transition of a goal, appended in the transaction that made it (the event log).
+
+    `id` only grows (AUTOINCREMENT on SQLite, so a deleted last row's id is never reused), and
+    a goal's events are committed in id order (see `store._append_events`): a reader that
+    keeps the last id it saw misses nothing."""
+
+    __tablename__ = "events"
+    __table_args__ = (Index("ix_events_goal_id", "goal_id", "id"), {"sqlite_autoincrement": True})
+
+    id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    goal_id: Mapped[str] = mapped_column(ForeignKey("goals.id", ondelete="CASCADE"))
+    type: Mapped[str] = mapped_column(String(32))
+    data: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime())
+    """The database clock (naive UTC)."""

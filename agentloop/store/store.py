@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import (
     Engine,
@@ -33,6 +33,7 @@ from agentloop.domain import (
     CandidateStatus,
     CandidateView,
     Decision,
+    EventView,
     GoalSpec,
     GoalState,
     GoalStatus,
@@ -40,7 +41,7 @@ from agentloop.domain import (
     IterationStatus,
     IterationView,
 )
-from agentloop.store.models import CandidateRow, GoalRow, IdempotencyKeyRow, IterationRow
+from agentloop.store.models import CandidateRow, EventRow, GoalRow, IdempotencyKeyRow, IterationRow
 
 
 class Conflict(RuntimeError):
@@ -170,6 +171,11 @@ class Store:
             if claim is not None:
                 _claim_key(s, claim, now, row.id)
             s.add(row)
+            s.flush()  # the event's foreign key needs the goal row
+            _append_events(s, now, [(row.id, "goal.created", {
+                "status": row.status, "goal": row.text, "budget": row.budget,
+                "model": spec.model, "reviser": spec.reviser, "tenant": row.tenant,
+            })])
         return _goal_view(row)
 
     def get_goal(self, goal_id: str) -> GoalView | None:
@@ -224,8 +230,10 @@ class Store:
         its idempotency key is recorded in the same transaction (IdempotencyKeyTaken if held).
         """
         with self._tx() as s:
+            # FOR NO KEY UPDATE: the step never changes the goal's key, and so does not block
+            # the key-share lock another transaction's event insert takes on the goal row
             row = s.scalars(
-                select(GoalRow).where(GoalRow.id == goal_id).with_for_update()
+                select(GoalRow).where(GoalRow.id == goal_id).with_for_update(key_share=True)
             ).first()
             if row is None:
                 return None
@@ -278,6 +286,13 @@ class Store:
                 .execution_options(synchronize_session=False)
             ).all()
             views = {r.id: _candidate_view(r) for r in rows}
+            _append_events(s, now, [
+                (r.goal_id, "candidate.started", {
+                    "candidate_id": r.id, "iteration": r.iteration, "attempt": r.attempts,
+                    "worker": worker,
+                })
+                for r in rows
+            ])
         return [views[i] for i in ids if i in views]
 
     def renew_leases(self, ids: Sequence[str], token: str, lease_seconds: float) -> set[str]:
@@ -310,7 +325,8 @@ class Store:
         with self._tx() as s:
             now = self._now(s)
             held = _lock_held(s, list(by_id), token)
-            for cid in held:
+            events = []
+            for cid, h in held.items():
                 o = by_id[cid]
                 s.execute(
                     update(CandidateRow)
@@ -322,6 +338,12 @@ class Store:
                     )
                     .execution_options(synchronize_session=False)
                 )
+                events.append((h.goal_id, "candidate.succeeded", {
+                    "candidate_id": cid, "iteration": h.iteration, "attempt": h.attempts,
+                    "clip_score": o.clip_score, "part_scores": o.part_scores,
+                    "image_url": f"/v1/artifacts/{o.artifact_uri}",
+                }))
+            _append_events(s, now, events)
         return [cid for cid in by_id if cid in held]
 
     def complete_candidate(
@@ -350,9 +372,10 @@ class Store:
         with self._tx() as s:
             now = self._now(s)
             held = _lock_held(s, list(errors), token)
-            for cid, attempts in held.items():
+            events = []
+            for cid, h in held.items():
                 new = (
-                    CandidateStatus.QUEUED if attempts < max_attempts
+                    CandidateStatus.QUEUED if h.attempts < max_attempts
                     else CandidateStatus.FAILED
                 )
                 s.execute(
@@ -362,6 +385,10 @@ class Store:
                     .execution_options(synchronize_session=False)
                 )
                 released[cid] = new
+                events.append((h.goal_id, "candidate.failed", _failed_data(
+                    cid, h.iteration, h.attempts, errors[cid], new is CandidateStatus.QUEUED
+                )))
+            _append_events(s, now, events)
         return released
 
     def release_candidate(
@@ -445,7 +472,7 @@ class Store:
         again. False, and nothing changed, once any of its candidates was claimed."""
         with self._tx() as s:
             goal = s.scalars(
-                select(GoalRow).where(GoalRow.id == goal_id).with_for_update()
+                select(GoalRow).where(GoalRow.id == goal_id).with_for_update(key_share=True)
             ).first()
             iteration = s.scalars(
                 select(IterationRow).where(
@@ -464,8 +491,41 @@ class Store:
             s.execute(delete(IterationRow).where(IterationRow.id == iteration.id))
             goal.generations_reserved -= len(cands)
             goal.status = GoalStatus.WAITING.value
-            goal.updated_at = self._now(s)
+            now = goal.updated_at = self._now(s)
+            _append_events(s, now, [
+                (goal_id, "iteration.withdrawn",
+                 {"index": index, "candidate_ids": [c.id for c in cands]}),
+                (goal_id, "goal.status", {
+                    "from": GoalStatus.RUNNING.value, "to": GoalStatus.WAITING.value,
+                    "stop_reason": None,
+                }),
+            ])
             return True
+
+    # the event log ---------------------------------------------------------------------
+
+    def events_after(self, goal_id: str, after_id: int = 0, limit: int = 500) -> list[EventView]:
+        """A goal's events with an id above `after_id`, oldest first, at most `limit`.
+
+        A reader that passes the last id it saw misses nothing: a goal's events are committed
+        in id order (`_append_events`)."""
+        with self._tx() as s:
+            rows = s.scalars(
+                select(EventRow)
+                .where(EventRow.goal_id == goal_id, EventRow.id > after_id)
+                .order_by(EventRow.id)
+                .limit(limit)
+            )
+            return [_event_view(r) for r in rows]
+
+    def finished_event_id(self, goal_id: str) -> int | None:
+        """The id of the goal's `goal.finished` event (None while it runs)."""
+        with self._tx() as s:
+            return s.scalar(
+                select(EventRow.id).where(
+                    EventRow.goal_id == goal_id, EventRow.type == "goal.finished"
+                ).limit(1)
+            )
 
     def count_candidates(self, goal_id: str) -> int:
         with self._tx() as s:
@@ -602,17 +662,61 @@ def _goals_waiting_on_idle_queues(
     return {gid for gid, model in model_of.items() if model in idle}
 
 
-def _lock_held(s: Session, ids: list[str], token: str) -> dict[str, int]:
-    """Lock the candidates among `ids` that the claim `token` still holds; their attempts."""
+class _Held(NamedTuple):
+    attempts: int
+    goal_id: str
+    iteration: int
+
+
+def _lock_held(s: Session, ids: list[str], token: str) -> dict[str, _Held]:
+    """Lock the candidates among `ids` that the claim `token` still holds."""
     rows = s.execute(
-        select(CandidateRow.id, CandidateRow.attempts)
+        select(CandidateRow.id, CandidateRow.attempts, CandidateRow.goal_id, CandidateRow.iteration)
         .where(
             CandidateRow.id.in_(ids), CandidateRow.claim_token == token,
             CandidateRow.status == CandidateStatus.RUNNING.value,
         )
         .with_for_update()
     )
-    return {cid: attempts for cid, attempts in rows}
+    return {cid: _Held(attempts, goal_id, it) for cid, attempts, goal_id, it in rows}
+
+
+# the event log ------------------------------------------------------------------------
+
+Event = tuple[str, str, dict[str, Any]]
+"""An event to append: goal id, type, data."""
+
+
+def _append_events(s: Session, now: datetime, events: Sequence[Event]) -> None:
+    """Append events in this transaction, in one statement (every transition's twin).
+
+    PostgreSQL hands out ids when rows are inserted, not when they commit, so two transactions
+    writing events of one goal could commit out of id order and a reader keeping the last id
+    it saw would skip the one that committed late. A transaction-scoped advisory lock per goal,
+    taken just before the insert and held to commit, keeps each goal's ids in commit order.
+    It is taken last, and its holder then only needs the key-share lock of the foreign key
+    (which no step blocks: they lock goals FOR NO KEY UPDATE), so it adds no deadlock. SQLite
+    has one writer at a time already."""
+    if not events:
+        return
+    conn = s.connection()
+    if conn.dialect.name == "postgresql":
+        for goal_id in sorted({goal_id for goal_id, _, _ in events}):
+            conn.execute(
+                text("SELECT pg_advisory_xact_lock(hashtextextended(:goal_id, 7))"),
+                {"goal_id": goal_id},
+            )
+    conn.execute(
+        insert(EventRow.__table__),
+        [{"goal_id": g, "type": t, "data": d, "created_at": now} for g, t, d in events],
+    )
+
+
+def _failed_data(
+    candidate_id: str, iteration: int, attempt: int, error: str, retry: bool
+) -> dict[str, Any]:
+    return {"candidate_id": candidate_id, "iteration": iteration, "attempt": attempt,
+            "error": error[:1000], "retry": retry}
 
 
 def _release_values(new: CandidateStatus, error: str, now: datetime) -> dict[str, Any]:
@@ -646,6 +750,8 @@ def _transition_goal(
 def _apply(s: Session, state: GoalState, d: Decision) -> None:
     goal = state.goal
     now = state.now or utcnow()
+    events: list[Event] = []
+    iteration_of = {c.id: c for c in state.candidates}
     for r in d.reclaim:
         result = s.execute(
             update(CandidateRow)
@@ -656,8 +762,19 @@ def _apply(s: Session, state: GoalState, d: Decision) -> None:
             )
             .values(_release_values(r.status, r.error, now))
         )
-        if result.rowcount == 1 and r.status is CandidateStatus.QUEUED:  # type: ignore[attr-defined]
+        if result.rowcount != 1:  # type: ignore[attr-defined]
+            continue
+        if r.status is CandidateStatus.QUEUED:
             d.dispatch.append(r.candidate_id)
+        c = iteration_of[r.candidate_id]
+        if r.status is CandidateStatus.CANCELLED:
+            events.append((goal.id, "candidate.cancelled", {
+                "candidate_id": c.id, "iteration": c.iteration, "reason": r.error,
+            }))
+        else:
+            events.append((goal.id, "candidate.failed", _failed_data(
+                c.id, c.iteration, c.attempts, r.error, r.status is CandidateStatus.QUEUED
+            )))
     if d.close_iteration is not None:
         result = s.execute(
             update(IterationRow)
@@ -670,41 +787,71 @@ def _apply(s: Session, state: GoalState, d: Decision) -> None:
         )
         if result.rowcount != 1:  # type: ignore[attr-defined]
             raise Conflict(f"iteration {d.close_iteration} of goal {goal.id} is not open")
+        events.append((goal.id, "iteration.closed",
+                       {"index": d.close_iteration, "best_score": d.iteration_best}))
     goal_values: dict[str, Any] = {}
     if d.best is not None:
         goal_values.update(best_candidate_id=d.best[0], best_score=d.best[1])
+        events.append((goal.id, "goal.best", {"candidate_id": d.best[0], "score": d.best[1]}))
     if d.new_candidates:
-        _insert_iteration(s, state, d, now)
+        index, ids = _insert_iteration(s, state, d, now)
+        events.append((goal.id, "iteration.opened", {"index": index, "candidate_ids": ids}))
     if d.goal_status is not None:
         goal_values["status"] = d.goal_status.value
         if d.goal_status.terminal:
             goal_values.update(finished_at=now, stop_reason=d.stop_reason, error=d.error)
+        events.append((goal.id, "goal.status", {
+            "from": goal.status.value, "to": d.goal_status.value, "stop_reason": d.stop_reason,
+        }))
     if goal_values:
         _transition_goal(s, goal.id, goal.status.value, goal_values, now)
     if d.goal_status is GoalStatus.CANCELLED:
-        _cancel_unstarted(s, goal.id, now)
+        events.extend(_cancel_unstarted(s, goal.id, now))
+    if d.goal_status is not None and d.goal_status.terminal:
+        best = d.best or (goal.best_candidate_id, goal.best_score)
+        events.append((goal.id, "goal.finished", {  # a goal's last event: streams end here
+            "status": d.goal_status.value, "stop_reason": d.stop_reason, "error": d.error,
+            "best_candidate_id": best[0], "best_score": best[1],
+        }))
+    _append_events(s, now, events)
     d.dispatch.extend(d.redispatch)
 
 
-def _cancel_unstarted(s: Session, goal_id: str, now: datetime) -> None:
+def _cancel_unstarted(s: Session, goal_id: str, now: datetime) -> list[Event]:
     """A cancelled goal's queued candidates are cancelled and its open iteration closed, in the
-    cancel's transaction; running ones may finish, but nothing of the goal is claimed again."""
-    s.execute(
+    cancel's transaction; running ones may finish, but nothing of the goal is claimed again.
+    Returns the events of what it changed."""
+    cancelled = s.execute(
         update(CandidateRow)
         .where(
             CandidateRow.goal_id == goal_id,
             CandidateRow.status == CandidateStatus.QUEUED.value,
         )
         .values(status=CandidateStatus.CANCELLED.value, finished_at=now, error="goal cancelled")
-    )
-    s.execute(
+        .returning(CandidateRow.id, CandidateRow.iteration)
+        .execution_options(synchronize_session=False)
+    ).all()
+    closed = s.execute(
         update(IterationRow)
         .where(IterationRow.goal_id == goal_id, IterationRow.status == IterationStatus.OPEN.value)
         .values(status=IterationStatus.CLOSED.value, closed_at=now)
-    )
+        .returning(IterationRow.index)
+        .execution_options(synchronize_session=False)
+    ).scalars().all()
+    events: list[Event] = [
+        (goal_id, "candidate.cancelled",
+         {"candidate_id": cid, "iteration": it, "reason": "goal cancelled"})
+        for cid, it in sorted(cancelled, key=lambda row: (row[1], row[0]))
+    ]
+    events += [(goal_id, "iteration.closed", {"index": i, "best_score": None}) for i in closed]
+    return events
 
 
-def _insert_iteration(s: Session, state: GoalState, d: Decision, now: datetime) -> None:
+def _insert_iteration(
+    s: Session, state: GoalState, d: Decision, now: datetime
+) -> tuple[int, list[str]]:
+    """Reserve the budget and insert the next iteration with its candidates; its index and
+    candidate ids."""
     goal = state.goal
     n = len(d.new_candidates)
     reserved = s.execute(
@@ -739,7 +886,9 @@ def _insert_iteration(s: Session, state: GoalState, d: Decision, now: datetime) 
         for ordinal, draft in enumerate(d.new_candidates)
     ]
     s.connection().execute(insert(CandidateRow.__table__), rows)
-    d.dispatch.extend(row["id"] for row in rows)
+    ids = [row["id"] for row in rows]
+    d.dispatch.extend(ids)
+    return index, ids
 
 
 # rows → views -------------------------------------------------------------------------
@@ -789,3 +938,8 @@ def _candidate_view(r: CandidateRow) -> CandidateView:
         claim_token=r.claim_token, lease_expires_at=r.lease_expires_at,
         dispatched_at=r.dispatched_at,
     )
+
+
+def _event_view(r: EventRow) -> EventView:
+    return EventView(id=r.id, goal_id=r.goal_id, type=r.type, data=r.data or {},
+                     created_at=r.created_at)

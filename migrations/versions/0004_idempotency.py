@@ -1,7 +1,7 @@
 """idempotency keys: one row per (scope, key), with the request's hash and first response
 
 Revision ID: 0004
-Revises: 0002
+Revises: 0003
 Create Date: 2026-12-05 10:00:00
 """
 
@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0004"
-down_revision: str | None = "0002"
+down_revision: str | None = "0003"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from agentloop.sdk import Client
 from agentloop.store import Store
 from tests.conftest import REDIS_URL
 
@@ -105,6 +107,12 @@ def test_goal_completes_through_http_and_rows_tell_the_story(cluster) -> None:  
     created = httpx.post(f"{base}/v1/goals", json=body, timeout=30)
     assert created.status_code == 201, created.text
     goal_id = created.json()["id"]
+    # the API's event stream, followed live while the workers (other processes) write events
+    streamed: list = []
+    follower = threading.Thread(
+        target=lambda: streamed.extend(Client(base, timeout=60).events(goal_id)), daemon=True
+    )
+    follower.start()
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
         goal = httpx.get(f"{base}/v1/goals/{goal_id}", timeout=10).json()
@@ -138,3 +146,10 @@ def test_goal_completes_through_http_and_rows_tell_the_story(cluster) -> None:  
         assert 0.0 <= c.clip_score <= 2.5 and len(c.part_scores) == 2
         assert c.artifact_uri and c.queued_at <= c.started_at <= c.finished_at
     assert state.goal.best_candidate_id in {c.id for c in state.candidates}
+
+    follower.join(30)
+    assert not follower.is_alive() and streamed[-1].type == "goal.finished"
+    assert streamed[-1].data["status"] == "done" and streamed[0].type == "goal.created"
+    succeeded = [e.data["candidate_id"] for e in streamed if e.type == "candidate.succeeded"]
+    assert sorted(succeeded) == sorted(c.id for c in state.candidates)
+    assert [e.id for e in streamed] == sorted({e.id for e in streamed})

@@ -1,11 +1,14 @@
-"""SDK fixtures: the real app in-process, reached by `Client` and `AsyncClient` through httpx."""
+"""SDK fixtures: the real app in-process, reached by `Client` and `AsyncClient` through httpx.
+
+`client` and `aclient` reach it over a real socket (uvicorn in a thread, `tests/live.py`):
+`wait()` follows the event stream, and httpx's `ASGITransport` hands a response over only once
+the app has sent all of it, so a stream that stays open (a goal waiting for prompts) would
+never arrive through it."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 
-import anyio.from_thread
-import httpx
 import pytest
 from fastapi import FastAPI
 
@@ -14,31 +17,7 @@ from agentloop.sdk import AsyncClient, Client
 from agentloop.settings import Settings
 from agentloop.store import Store
 from tests.api.fakes import RecordingDispatcher
-
-BASE_URL = "http://agentloop.test"
-
-
-class PortalTransport(httpx.BaseTransport):
-    """Lets a sync `httpx.Client` call an ASGI app: `httpx.ASGITransport` run in an anyio portal.
-
-    httpx's ASGITransport is async-only, and Starlette's TestClient is built on another
-    httpx (httpx2), so the sync SDK client gets this 15-line bridge in tests.
-    """
-
-    def __init__(self, app: FastAPI, portal: anyio.from_thread.BlockingPortal):
-        self._asgi = httpx.ASGITransport(app)
-        self._portal = portal
-
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        return self._portal.call(self._send, request)
-
-    async def _send(self, request: httpx.Request) -> httpx.Response:
-        inner = httpx.Request(
-            request.method, request.url, headers=request.headers, content=request.read()
-        )
-        response = await self._asgi.handle_async_request(inner)
-        content = await response.aread()
-        return httpx.Response(response.status_code, headers=response.headers, content=content)
+from tests.live import serve_in_thread
 
 
 @pytest.fixture
@@ -60,23 +39,23 @@ def app(settings: Settings, store: Store, dispatcher: RecordingDispatcher) -> Fa
 
 
 @pytest.fixture
-def client(app: FastAPI) -> Iterator[Client]:
-    """The blocking client against the app in this process (lifespan run in the portal)."""
-    with (
-        anyio.from_thread.start_blocking_portal() as portal,
-        portal.wrap_async_context_manager(app.router.lifespan_context(app)),
-        Client(BASE_URL, transport=PortalTransport(app, portal)) as c,
-    ):
+def live_url(app: FastAPI) -> Iterator[str]:
+    """The app served by uvicorn in a thread, lifespan included; its base URL."""
+    with serve_in_thread(app) as url:
+        yield url
+
+
+@pytest.fixture
+def client(live_url: str) -> Iterator[Client]:
+    """The blocking client against the app in this process."""
+    with Client(live_url) as c:
         yield c
 
 
 @pytest.fixture
-async def aclient(app: FastAPI, anyio_backend: str) -> AsyncIterator[AsyncClient]:
-    """The asyncio client against the app in this process, through `httpx.ASGITransport`."""
-    async with (
-        app.router.lifespan_context(app),
-        AsyncClient(BASE_URL, transport=httpx.ASGITransport(app)) as c,
-    ):
+async def aclient(live_url: str, anyio_backend: str) -> AsyncIterator[AsyncClient]:
+    """The asyncio client against the app in this process."""
+    async with AsyncClient(live_url) as c:
         yield c
 
 
