@@ -141,6 +141,70 @@ JsonInt = Annotated[int, BeforeValidator(_whole_float_as_int)]
 `16.0` as an integer); still never a string or a boolean, even in a strict model."""
 
 
+EVENT_TYPES = (
+    "goal.created", "goal.status", "goal.best", "goal.finished", "iteration.opened",
+    "iteration.closed", "iteration.withdrawn", "candidate.started", "candidate.succeeded",
+    "candidate.failed", "candidate.cancelled",
+)
+"""Every event type the log writes (see `EventView`)."""
+
+EventType = Literal[
+    "goal.created", "goal.status", "goal.best", "goal.finished", "iteration.opened",
+    "iteration.closed", "iteration.withdrawn", "candidate.started", "candidate.succeeded",
+    "candidate.failed", "candidate.cancelled", "*",
+]
+"""An event type a webhook may subscribe to; "*" is every type."""
+
+MAX_WEBHOOK_URL_CHARS = 2000
+WEBHOOK_URL_PATTERN = r"^https?://[A-Za-z0-9._~-]+(:[0-9]{1,5})?([/?#][^\x00]*)?$"
+"""A webhook URL: http or https, a host name or IPv4 address (no user info), an optional
+port, then anything storable. The API checks exactly this; OpenAPI publishes it."""
+WEBHOOK_SECRET_PATTERN = (
+    r"^whsec_([A-Za-z0-9+/]{4}){8,21}([A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+)
+"""A Standard Webhooks secret: `whsec_` and the padded base64 of 24 to 65 random bytes."""
+
+
+def webhook_url_problem(url: str) -> str | None:
+    """Why `url` is no webhook URL (None: it is one)."""
+    if not re.fullmatch(WEBHOOK_URL_PATTERN, url):
+        return "must be an http or https URL with a host name (no user info)"
+    return None
+
+
+def webhook_secret_problem(secret: str) -> str | None:
+    """Why `secret` is no Standard Webhooks secret (None: it is one)."""
+    if not re.fullmatch(WEBHOOK_SECRET_PATTERN, secret):
+        return "must be 'whsec_' followed by the padded base64 of 24 to 65 bytes"
+    return None
+
+
+class WebhookRequest(BaseModel):
+    """Where to POST a goal's events, and which ones (signed per Standard Webhooks)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    url: Annotated[SafeStr, Field(min_length=1, max_length=MAX_WEBHOOK_URL_CHARS,
+                                  description="an http(s) URL")]
+    events: list[EventType] = Field(
+        default_factory=lambda: ["goal.finished"], min_length=1,
+        max_length=len(EVENT_TYPES) + 1,
+        description='event types to send ("*": all); default ["goal.finished"]',
+    )
+    secret: Annotated[SafeStr, Field(
+        max_length=200, description="whsec_<base64>; default: the server's webhook_secret. "
+        "Never returned.")] | None = None
+
+
+@dataclass(frozen=True)
+class Webhook:
+    """A goal's webhook as stored: the secret lives in the webhooks table, never the spec."""
+
+    url: str
+    events: tuple[str, ...]
+    secret: str = field(repr=False)
+
+
 class GoalRequest(BaseModel):
     """What a caller may ask for. Unset fields take the model's or the settings' defaults.
 
@@ -166,6 +230,7 @@ class GoalRequest(BaseModel):
     negative_prompt: PromptText = ""
     reviser: Literal["search", "external"] = "search"
     tenant: TenantName = "default"
+    webhook: WebhookRequest | None = None
 
 
 @dataclass(frozen=True)
@@ -187,9 +252,14 @@ class GoalSpec:
     negative_prompt: str
     reviser: str
     tenant: str
+    webhook: dict[str, Any] | None = None
+    """The webhook's url and events (its secret is kept out of the spec); None: no webhook."""
 
     def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        data = dict(self.__dict__)
+        if data["webhook"] is None:
+            del data["webhook"]  # the spec of a goal without one reads as it always did
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> GoalSpec:
@@ -262,6 +332,7 @@ def check_goal(data: dict[str, Any] | GoalRequest, settings: Settings) -> GoalSp
         errors.append(("size", "must be a positive multiple of 8"))
     elif size > settings.max_size:
         errors.append(("size", f"must be at most {settings.max_size}"))
+    webhook = _check_webhook(req.webhook, settings, errors)
     if errors:
         raise GoalInvalid(errors)
     guidance = req.guidance if req.guidance is not None else float(defaults.get("guidance", 1.0))
@@ -270,7 +341,35 @@ def check_goal(data: dict[str, Any] | GoalRequest, settings: Settings) -> GoalSp
         target_score=req.target_score, patience=req.patience, model=model, scorer=scorer,
         steps=steps, size=size, guidance=guidance, seed=req.seed,
         negative_prompt=req.negative_prompt, reviser=req.reviser, tenant=req.tenant,
+        webhook=webhook,
     )
+
+
+def _check_webhook(
+    req: WebhookRequest | None, settings: Settings, errors: list[tuple[str, str]]
+) -> dict[str, Any] | None:
+    """The webhook's public part (url, events) for the spec; its problems go to `errors`."""
+    if req is None:
+        return None
+    if problem := webhook_url_problem(req.url):
+        errors.append(("webhook.url", problem))
+    if req.secret is not None:
+        if problem := webhook_secret_problem(req.secret):
+            errors.append(("webhook.secret", problem))
+    elif not settings.webhook_secret:
+        errors.append(("webhook.secret", "required (no server default configured)"))
+    events = ["*"] if "*" in req.events else list(dict.fromkeys(req.events))
+    return {"url": req.url, "events": events}
+
+
+def webhook_of(spec: GoalSpec, req: GoalRequest, settings: Settings) -> Webhook | None:
+    """The goal's webhook with its secret (the request's, else the server's), once
+    `check_goal` accepted the request."""
+    if spec.webhook is None or req.webhook is None:
+        return None
+    secret = req.webhook.secret or settings.webhook_secret
+    assert secret is not None  # check_goal refused the request otherwise
+    return Webhook(spec.webhook["url"], tuple(spec.webhook["events"]), secret)
 
 
 Layout = tuple[tuple[str, float, float], ...]
@@ -390,6 +489,25 @@ class EventView:
     type: str
     data: dict[str, Any]
     created_at: datetime
+
+
+@dataclass(frozen=True)
+class WebhookDeliveryView:
+    """One event sent (or being sent) to a goal's webhook, with its attempts and outcome."""
+
+    id: int
+    goal_id: str
+    event_id: int
+    event_type: str
+    url: str
+    status: str
+    """pending, delivering, delivered or failed."""
+    attempts: int
+    next_attempt_at: datetime | None
+    last_status_code: int | None
+    last_error: str | None
+    created_at: datetime
+    delivered_at: datetime | None
 
 
 @dataclass

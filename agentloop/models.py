@@ -9,7 +9,7 @@ database, pydantic-settings or the engine. `agentloop.api.schemas` re-exports th
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
@@ -24,7 +24,14 @@ from agentloop.domain import (
 from agentloop.layout import MAX_REGIONS
 
 if TYPE_CHECKING:
-    from agentloop.domain import CandidateView, EventView, GoalState, GoalView, IterationView
+    from agentloop.domain import (
+        CandidateView,
+        EventView,
+        GoalState,
+        GoalView,
+        IterationView,
+        WebhookDeliveryView,
+    )
 
 SCORE_SCALE = "CLIPScore = 2.5 * max(cos, 0), Hessel et al. 2021; range 0 to 2.5"
 
@@ -242,3 +249,33 @@ class EventOut(BaseModel):
     @classmethod
     def of(cls, e: EventView) -> EventOut:
         return cls(id=e.id, goal_id=e.goal_id, type=e.type, data=e.data, created_at=e.created_at)
+
+
+class WebhookDeliveryOut(BaseModel):
+    """One event sent to a goal's webhook: its attempts and outcome (`pending`: waiting for
+    its next attempt, `delivering`: being sent, `delivered`: a 2xx answer, `failed`: every
+    attempt spent)."""
+
+    id: int
+    goal_id: str
+    event_id: int = Field(description="the event sent (its `webhook-id` is `evt_<event_id>`)")
+    event_type: str
+    url: str
+    status: Literal["pending", "delivering", "delivered", "failed"]
+    attempts: int = Field(description="attempts made so far")
+    next_attempt_at: UtcDateTime | None = Field(
+        description="when it is tried next (pending), or taken again should its sender have "
+        "died (delivering); null once it is delivered or failed")
+    last_status_code: int | None = Field(description="the last attempt's HTTP status, if any")
+    last_error: str | None = Field(description="why the last attempt failed")
+    created_at: UtcDateTime
+    delivered_at: UtcDateTime | None
+
+    @classmethod
+    def of(cls, d: WebhookDeliveryView) -> WebhookDeliveryOut:
+        return cls(
+            id=d.id, goal_id=d.goal_id, event_id=d.event_id, event_type=d.event_type,
+            url=d.url, status=d.status, attempts=d.attempts,  # type: ignore[arg-type]
+            next_attempt_at=d.next_attempt_at, last_status_code=d.last_status_code,
+            last_error=d.last_error, created_at=d.created_at, delivered_at=d.delivered_at,
+        )

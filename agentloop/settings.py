@@ -114,6 +114,36 @@ class Settings(BaseSettings):
     """How often an open event stream reads the events table for new rows (the one place that
     polls: events written by workers in other processes reach every API process this way)."""
 
+    webhook_secret: str | None = Field(default=None, repr=False)
+    """The secret (`whsec_<base64>`) signing the webhooks of goals that name none of their own.
+    Unset: a goal with a webhook must bring its secret."""
+
+    webhook_interval_seconds: float = 1.0
+    """How often pending webhook deliveries are sent (Celery beat, or a thread embedded)."""
+
+    webhook_timeout_seconds: float = 10.0
+    """How long one webhook POST may take."""
+
+    webhook_max_attempts: int = 8
+    """Attempts per webhook delivery before it is marked failed."""
+
+    webhook_backoff_seconds: float = 1.0
+    """The wait after a delivery's first failed attempt; it doubles each attempt, with jitter."""
+
+    webhook_backoff_max_seconds: float = 300.0
+    """The longest wait between two attempts of a delivery."""
+
+    webhook_lease_seconds: float = 60.0
+    """A delivery being sent is due again this long after it was taken (its sender died)."""
+
+    @model_validator(mode="after")
+    def _webhook_secret_valid(self) -> Settings:
+        from agentloop.domain import webhook_secret_problem
+
+        if self.webhook_secret and (problem := webhook_secret_problem(self.webhook_secret)):
+            raise ValueError(f"webhook_secret {problem}")
+        return self
+
     @model_validator(mode="after")
     def _lease_fits_visibility(self) -> Settings:
         if self.lease_seconds <= 0 or self.lease_seconds >= self.visibility_timeout:

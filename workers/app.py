@@ -1,5 +1,5 @@
 """The Celery app: `celery -A workers.app worker -Q control`, `-Q gen.<model> --pool threads
--c 1`, and `celery -A workers.app beat` for the sweep.
+-c 1`, and `celery -A workers.app beat` for the sweep and the webhook deliveries.
 
 Configured for long GPU jobs: late acks, one message prefetched at a time, task events on so
 Flower shows every task. A message is only a hint: a candidate's lease in the database, not the
@@ -44,6 +44,11 @@ def make_app() -> Celery:
                 "schedule": settings.sweep_interval_seconds,
                 # a sweep that waited a whole interval is stale: the next one replaces it
                 "options": {"queue": "control", "expires": settings.sweep_interval_seconds},
+            },
+            "agentloop-webhooks": {
+                "task": "agentloop.deliver_webhooks",
+                "schedule": settings.webhook_interval_seconds,
+                "options": {"queue": "control", "expires": settings.webhook_interval_seconds},
             },
         },
     )

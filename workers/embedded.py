@@ -7,6 +7,7 @@ from agentloop.settings import Settings
 from agentloop.store import Store
 from workers.jobs import WorkerContext, advance_goal_job, generate_job, reconcile
 from workers.residency import Residency
+from workers.webhooks import deliver_webhooks, http_client
 
 
 def embedded_runtime(
@@ -17,7 +18,8 @@ def embedded_runtime(
 
     With `sweep`, the reconciler runs once now (work a previous process left behind: a goal
     whose process was killed resumes when the next one starts) and then every
-    `sweep_interval_seconds` in a thread.
+    `sweep_interval_seconds` in a thread, and webhook deliveries are sent every
+    `webhook_interval_seconds` in another.
     """
     dispatcher = InProcessDispatcher()
     ctx = WorkerContext(
@@ -28,4 +30,7 @@ def embedded_runtime(
     dispatcher.bind(lambda gid: advance_goal_job(ctx, gid), lambda ids: generate_job(ctx, ids))
     if sweep:
         dispatcher.every(settings.sweep_interval_seconds, lambda: reconcile(ctx))
+        http = http_client()
+        dispatcher.every(settings.webhook_interval_seconds,
+                         lambda: deliver_webhooks(store, settings, http))
     return dispatcher, ctx

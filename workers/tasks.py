@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import threading
 
+import httpx
+
 from agentloop.settings import get_settings
 from agentloop.store import Store
 from workers.app import app
@@ -21,9 +23,12 @@ from workers.jobs import (
     transient_errors,
 )
 from workers.residency import Residency
+from workers.webhooks import deliver_webhooks as deliver_webhooks_job
+from workers.webhooks import http_client
 
 _ctx: WorkerContext | None = None
 _ctx_lock = threading.Lock()
+_http: httpx.Client | None = None
 
 RETRY = {
     "autoretry_for": transient_errors(),
@@ -65,3 +70,15 @@ def sweep() -> list[str]:
     """The reconciler, sent by Celery beat every `sweep_interval_seconds`: advances whatever a
     lost message left behind. Not retried: the next sweep comes soon."""
     return reconcile(worker_context())
+
+
+@app.task(name="agentloop.deliver_webhooks", ignore_result=True)
+def deliver_webhooks() -> int:
+    """Send due webhook deliveries, sent by Celery beat every `webhook_interval_seconds`. Not
+    retried: the next one comes soon, and a delivery's own retries live in the database."""
+    global _http
+    ctx = worker_context()
+    with _ctx_lock:
+        if _http is None:
+            _http = http_client()
+    return deliver_webhooks_job(ctx.store, ctx.settings, _http)

@@ -45,6 +45,28 @@ def echo_safe(value: Any) -> Any:
     return value
 
 
+REDACTED = "[redacted]"
+
+
+def redact_secrets(errors: Any) -> Any:
+    """Refused inputs with every webhook secret blanked: a 422 never echoes a secret (the
+    input of an error about a `secret`, and any `secret` key inside an echoed object)."""
+    def blank(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: REDACTED if k == "secret" else blank(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [blank(v) for v in value]
+        return value
+
+    out = []
+    for e in errors:
+        e = dict(e)
+        if "input" in e:
+            e["input"] = REDACTED if "secret" in map(str, e.get("loc", ())) else blank(e["input"])
+        out.append(e)
+    return out
+
+
 ERROR_CODES: dict[str, str] = {
     "not_found": "no such goal, route or artifact (404)",
     "validation_error": "the request was refused; `errors` names each field (422)",
@@ -187,7 +209,7 @@ def install_error_handlers(app: FastAPI, settings: Settings) -> None:
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
         """FastAPI's 422, with each refused input made safe to send back (FastAPI's own
         handler fails on `NaN` or a lone surrogate, answering 500)."""
-        return validation_response(jsonable_encoder(echo_safe(exc.errors())))
+        return validation_response(jsonable_encoder(echo_safe(redact_secrets(exc.errors()))))
 
     @app.exception_handler(DataError)
     async def data_error(request: Request, exc: DataError) -> JSONResponse:

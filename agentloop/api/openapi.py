@@ -12,7 +12,13 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from agentloop.domain import GOAL_PATTERN, MAX_ITERATIONS, MAX_SEED
+from agentloop.domain import (
+    GOAL_PATTERN,
+    MAX_ITERATIONS,
+    MAX_SEED,
+    WEBHOOK_SECRET_PATTERN,
+    WEBHOOK_URL_PATTERN,
+)
 from agentloop.settings import Settings
 
 
@@ -46,6 +52,20 @@ def goal_request_limits(settings: Settings) -> dict[str, dict[str, Any]]:
     }
 
 
+def _webhook_limits(webhook: dict[str, Any], settings: Settings) -> None:
+    """The webhook's URL and secret rules; without a server secret, a goal must bring one."""
+    props = webhook["properties"]
+    _constrain(props["url"], pattern=WEBHOOK_URL_PATTERN)
+    _constrain(props["secret"], pattern=WEBHOOK_SECRET_PATTERN)
+    if not settings.webhook_secret:
+        webhook["required"] = sorted({*webhook.get("required", []), "secret"})
+        branches = [b for b in props["secret"].get("anyOf", []) if b.get("type") != "null"]
+        if branches:
+            props["secret"] = {k: v for k, v in props["secret"].items() if k != "anyOf"}
+            props["secret"] |= branches[0]
+            props["secret"].pop("default", None)
+
+
 def openapi_with_limits(app: FastAPI, settings: Settings) -> dict[str, Any]:
     """The app's OpenAPI schema (built once) with `goal_request_limits` applied."""
     if app.openapi_schema is None:
@@ -55,5 +75,6 @@ def openapi_with_limits(app: FastAPI, settings: Settings) -> dict[str, Any]:
         props = schema["components"]["schemas"]["GoalRequest"]["properties"]
         for name, rules in goal_request_limits(settings).items():
             _constrain(props[name], **rules)
+        _webhook_limits(schema["components"]["schemas"]["WebhookRequest"], settings)
         app.openapi_schema = schema
     return app.openapi_schema

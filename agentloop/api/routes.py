@@ -35,6 +35,7 @@ from agentloop.api.schemas import (
     IterationAccepted,
     IterationIn,
     ModelsOut,
+    WebhookDeliveryOut,
 )
 from agentloop.dispatch import dispatch_generation
 from agentloop.domain import (
@@ -46,6 +47,7 @@ from agentloop.domain import (
     SafeStr,
     TenantName,
     check_goal,
+    webhook_of,
 )
 from agentloop.orchestrator import (
     IterationRejected,
@@ -124,7 +126,7 @@ def create_goal(
         ) from None
 
     def work(claim: IdempotencyClaim | None) -> tuple[int, Any]:
-        goal = store.create_goal(spec, claim)
+        goal = store.create_goal(spec, claim, webhook_of(spec, body, settings))
         try:
             dispatcher.advance_goal(goal.id)
         except Exception as exc:  # noqa: BLE001 - the broker is down: fail the goal, say so
@@ -335,6 +337,18 @@ async def event_stream(
                 return
         if len(events) < 500:
             await anyio.sleep(poll_seconds)
+
+
+@router.get(
+    "/goals/{goal_id}/webhook-deliveries", response_model=list[WebhookDeliveryOut],
+    responses=_answers(404), tags=["webhooks"], operation_id="list_webhook_deliveries",
+    summary="List a goal's webhook deliveries",
+)
+def list_webhook_deliveries(goal_id: GoalId, store: StoreDep) -> list[WebhookDeliveryOut]:
+    """Each event sent (or to be sent) to the goal's webhook, with its attempts and outcome."""
+    if store.get_goal(goal_id) is None:
+        raise ApiError(status.HTTP_404_NOT_FOUND, "not_found", f"goal {goal_id} not found")
+    return [WebhookDeliveryOut.of(d) for d in store.webhook_deliveries(goal_id)]
 
 
 @router.get(

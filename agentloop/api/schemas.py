@@ -21,6 +21,7 @@ from agentloop.models import (
     PromptIn,
     RegionIn,
     UtcDateTime,
+    WebhookDeliveryOut,
 )
 
 __all__ = [
@@ -38,4 +39,5 @@ __all__ = [
     "PromptIn",
     "RegionIn",
     "UtcDateTime",
+    "WebhookDeliveryOut",
 ]

@@ -24,6 +24,7 @@ from agentloop.sdk._models import (
     IterationAccepted,
     Models,
     Prompt,
+    WebhookDelivery,
 )
 
 __all__ = [
@@ -45,4 +46,5 @@ __all__ = [
     "Page",
     "Prompt",
     "ServerError",
+    "WebhookDelivery",
 ]

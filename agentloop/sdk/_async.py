@@ -15,7 +15,7 @@ from agentloop.sdk import _events
 from agentloop.sdk._base import BaseClient, Call, GoalRef, Page, PromptLike, error_for
 from agentloop.sdk._errors import AgentloopError
 from agentloop.sdk._events import Event
-from agentloop.sdk._models import Candidate, Goal, IterationAccepted, Models
+from agentloop.sdk._models import Candidate, Goal, IterationAccepted, Models, WebhookDelivery
 
 T = TypeVar("T")
 
@@ -213,6 +213,10 @@ class AsyncClient(BaseClient):
     async def list_models(self) -> Models:
         """The models and scorers the server knows, and its defaults."""
         return await self._request(self._list_models())
+
+    async def webhook_deliveries(self, goal: GoalRef) -> list[WebhookDelivery]:
+        """The events sent (or to be sent) to the goal's webhook, with attempts and outcome."""
+        return await self._request(self._webhook_deliveries(goal))
 
     async def aclose(self) -> None:
         """Close the HTTP connections (only those of a client this made)."""

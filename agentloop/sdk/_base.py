@@ -20,7 +20,7 @@ import httpx
 from pydantic import TypeAdapter
 
 from agentloop.sdk._errors import AgentloopError, Conflict, InvalidRequest, NotFound, ServerError
-from agentloop.sdk._models import Candidate, Goal, IterationAccepted, Models
+from agentloop.sdk._models import Candidate, Goal, IterationAccepted, Models, WebhookDelivery
 
 T = TypeVar("T")
 
@@ -55,6 +55,7 @@ class Page(list[T]):
 _CANDIDATES = TypeAdapter(list[Candidate])
 _GOALS = TypeAdapter(list[Goal])
 _HEALTH = TypeAdapter(dict[str, str])
+_DELIVERIES = TypeAdapter(list[WebhookDelivery])
 
 
 @dataclass(frozen=True)
@@ -168,6 +169,10 @@ class BaseClient:
 
     def _list_models(self) -> Call[Models]:
         return Call("GET", self._url("/v1/models"), _model(Models))
+
+    def _webhook_deliveries(self, goal: GoalRef) -> Call[list[WebhookDelivery]]:
+        return Call("GET", self._goal_url(goal, "/webhook-deliveries"),
+                    _adapter(_DELIVERIES), idempotent=True)
 
     def _artifact_url(self, ref: str | Candidate) -> str:
         """An artifact's absolute URL; refuses other servers, which would receive our token."""

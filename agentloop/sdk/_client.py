@@ -14,7 +14,7 @@ from agentloop.sdk import _events
 from agentloop.sdk._base import BaseClient, Call, GoalRef, Page, PromptLike, error_for
 from agentloop.sdk._errors import AgentloopError
 from agentloop.sdk._events import Event
-from agentloop.sdk._models import Candidate, Goal, IterationAccepted, Models
+from agentloop.sdk._models import Candidate, Goal, IterationAccepted, Models, WebhookDelivery
 
 T = TypeVar("T")
 
@@ -208,6 +208,10 @@ class Client(BaseClient):
     def list_models(self) -> Models:
         """The models and scorers the server knows, and its defaults."""
         return self._request(self._list_models())
+
+    def webhook_deliveries(self, goal: GoalRef) -> list[WebhookDelivery]:
+        """The events sent (or to be sent) to the goal's webhook, with attempts and outcome."""
+        return self._request(self._webhook_deliveries(goal))
 
     def close(self) -> None:
         """Close the HTTP connections (only those of a client this made)."""

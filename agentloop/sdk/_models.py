@@ -14,6 +14,7 @@ from agentloop.models import (
     IterationOut,
     ModelsOut,
     PromptIn,
+    WebhookDeliveryOut,
 )
 
 Goal = GoalOut
@@ -21,6 +22,7 @@ Candidate = CandidateOut
 Iteration = IterationOut
 Prompt = PromptIn
 Models = ModelsOut
+WebhookDelivery = WebhookDeliveryOut
 
 __all__ = [
     "SCORE_SCALE",
@@ -30,4 +32,5 @@ __all__ = [
     "IterationAccepted",
     "Models",
     "Prompt",
+    "WebhookDelivery",
 ]

@@ -8,6 +8,7 @@ from agentloop.store.store import (
     IdempotencyRecord,
     Outcome,
     Store,
+    WebhookJob,
     new_id,
     utcnow,
 )
@@ -20,6 +21,7 @@ __all__ = [
     "IdempotencyRecord",
     "Outcome",
     "Store",
+    "WebhookJob",
     "new_id",
     "utcnow",
 ]

@@ -146,3 +146,49 @@ class EventRow(Base):
     data: Mapped[dict[str, Any]] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(DateTime())
     """The database clock (naive UTC)."""
+
+
+class WebhookRow(Base):
+    """A goal's webhook: where to send which of its events, and the secret that signs them.
+    `cursor` is the last of the goal's event ids turned into deliveries (the fan-out's place)."""
+
+    __tablename__ = "webhooks"
+
+    goal_id: Mapped[str] = mapped_column(
+        ForeignKey("goals.id", ondelete="CASCADE"), primary_key=True
+    )
+    url: Mapped[str] = mapped_column(Text)
+    events: Mapped[list[str]] = mapped_column(JSON)
+    secret: Mapped[str] = mapped_column(String(200))
+    cursor: Mapped[int] = mapped_column(BigInteger, default=0)
+    created_at: Mapped[datetime] = mapped_column(DateTime())
+
+
+class WebhookDeliveryRow(Base):
+    """One event to POST to a goal's webhook: pending → delivering (taken by a sender, with a
+    lease: `next_attempt_at` is when it is due again) → delivered, or back to pending with a
+    later `next_attempt_at`, or failed once its attempts are spent."""
+
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (
+        UniqueConstraint("goal_id", "event_id", name="uq_webhook_deliveries_goal_event"),
+        Index("ix_webhook_deliveries_status_due", "status", "next_attempt_at"),
+        {"sqlite_autoincrement": True},
+    )
+
+    id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    goal_id: Mapped[str] = mapped_column(ForeignKey("goals.id", ondelete="CASCADE"))
+    event_id: Mapped[int] = mapped_column(BigInteger)
+    event_type: Mapped[str] = mapped_column(String(32))
+    url: Mapped[str] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(String(16))
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[datetime | None] = mapped_column(DateTime())
+    claim_token: Mapped[str | None] = mapped_column(String(32))
+    """Names the sender holding it while delivering; its outcome must present it."""
+    last_status_code: Mapped[int | None] = mapped_column(Integer)
+    last_error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime())
+    delivered_at: Mapped[datetime | None] = mapped_column(DateTime())

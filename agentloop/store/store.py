@@ -9,7 +9,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
@@ -40,8 +40,18 @@ from agentloop.domain import (
     GoalView,
     IterationStatus,
     IterationView,
+    Webhook,
+    WebhookDeliveryView,
 )
-from agentloop.store.models import CandidateRow, EventRow, GoalRow, IdempotencyKeyRow, IterationRow
+from agentloop.store.models import (
+    CandidateRow,
+    EventRow,
+    GoalRow,
+    IdempotencyKeyRow,
+    IterationRow,
+    WebhookDeliveryRow,
+    WebhookRow,
+)
 
 
 class Conflict(RuntimeError):
@@ -158,9 +168,13 @@ class Store:
 
     # goals ---------------------------------------------------------------------------
 
-    def create_goal(self, spec: GoalSpec, claim: IdempotencyClaim | None = None) -> GoalView:
+    def create_goal(
+        self, spec: GoalSpec, claim: IdempotencyClaim | None = None,
+        webhook: Webhook | None = None,
+    ) -> GoalView:
         """Insert a pending goal (timestamps on the database clock, which the sweep reads);
-        with `claim`, record its key in the same transaction (IdempotencyKeyTaken if held)."""
+        with `claim`, record its key in the same transaction (IdempotencyKeyTaken if held);
+        with `webhook`, its subscription, in the same transaction too."""
         with self._tx() as s:
             now = self._now(s)
             row = GoalRow(
@@ -172,6 +186,9 @@ class Store:
                 _claim_key(s, claim, now, row.id)
             s.add(row)
             s.flush()  # the event's foreign key needs the goal row
+            if webhook is not None:
+                s.add(WebhookRow(goal_id=row.id, url=webhook.url, events=list(webhook.events),
+                                 secret=webhook.secret, cursor=0, created_at=now))
             _append_events(s, now, [(row.id, "goal.created", {
                 "status": row.status, "goal": row.text, "budget": row.budget,
                 "model": spec.model, "reviser": spec.reviser, "tenant": row.tenant,
@@ -619,6 +636,153 @@ class Store:
         with self._tx() as s:
             s.execute(delete(IdempotencyKeyRow)
                       .where(IdempotencyKeyRow.scope == scope, IdempotencyKeyRow.key == key))
+
+    # webhooks ------------------------------------------------------------------------
+
+    def fan_out_webhooks(self, limit: int = 500) -> int:
+        """Turn new events of goals with a webhook into pending deliveries of the types each
+        wants, and move each webhook's cursor past what it read, in one transaction; returns
+        the deliveries created. A goal's events commit in id order (`_append_events`), so a
+        cursor misses none. Webhooks another fan-out holds are skipped (PostgreSQL: SKIP
+        LOCKED; SQLite has one writer at a time)."""
+        with self._tx() as s:
+            now = self._now(s)
+            rows = s.execute(
+                select(EventRow.id, EventRow.goal_id, EventRow.type, WebhookRow.events,
+                       WebhookRow.url)
+                .join(WebhookRow, WebhookRow.goal_id == EventRow.goal_id)
+                .where(EventRow.id > WebhookRow.cursor)
+                .order_by(EventRow.id)
+                .limit(limit)
+                .with_for_update(of=WebhookRow, skip_locked=True)
+            ).all()
+            cursors: dict[str, int] = {}
+            deliveries = []
+            for event_id, goal_id, etype, wanted, url in rows:
+                cursors[goal_id] = max(cursors.get(goal_id, 0), event_id)
+                if "*" in wanted or etype in wanted:
+                    deliveries.append({
+                        "goal_id": goal_id, "event_id": event_id, "event_type": etype,
+                        "url": url, "status": "pending", "attempts": 0,
+                        "next_attempt_at": now, "created_at": now,
+                    })
+            for goal_id, cursor in cursors.items():
+                s.execute(update(WebhookRow).where(WebhookRow.goal_id == goal_id)
+                          .values(cursor=cursor).execution_options(synchronize_session=False))
+            if deliveries:
+                s.execute(insert(WebhookDeliveryRow.__table__), deliveries)
+        return len(deliveries)
+
+    def claim_webhook_deliveries(
+        self, limit: int, lease_seconds: float, max_attempts: int
+    ) -> list[WebhookJob]:
+        """Take due deliveries for this sender, in one guarded UPDATE: pending ones whose
+        time has come, and delivering ones whose sender's lease ran out. Each taken one gets
+        a new claim token, one more attempt, and is due again after `lease_seconds` (should
+        this sender die). Two senders never take the same delivery at once. A lapsed one with
+        no attempts left is marked failed instead."""
+        token = new_id()
+        with self._tx() as s:
+            now = self._now(s)
+            s.execute(
+                update(WebhookDeliveryRow)
+                .where(WebhookDeliveryRow.status == "delivering",
+                       WebhookDeliveryRow.next_attempt_at <= now,
+                       WebhookDeliveryRow.attempts >= max_attempts)
+                .values(status="failed", claim_token=None, next_attempt_at=None,
+                        last_error="the sender's lease expired on the last attempt")
+                .execution_options(synchronize_session=False)
+            )
+            due = (
+                select(WebhookDeliveryRow.id)
+                .where(WebhookDeliveryRow.status.in_(("pending", "delivering")),
+                       WebhookDeliveryRow.next_attempt_at <= now)
+                .order_by(WebhookDeliveryRow.next_attempt_at, WebhookDeliveryRow.id)
+                .limit(limit)
+            )
+            if not self.is_sqlite:
+                due = due.with_for_update(skip_locked=True)
+            ids = list(s.scalars(due))
+            if not ids:
+                return []
+            rows = s.scalars(
+                update(WebhookDeliveryRow)
+                .where(WebhookDeliveryRow.id.in_(ids),
+                       WebhookDeliveryRow.status.in_(("pending", "delivering")),
+                       WebhookDeliveryRow.next_attempt_at <= now)
+                .values(status="delivering", claim_token=token,
+                        attempts=WebhookDeliveryRow.attempts + 1,
+                        next_attempt_at=now + timedelta(seconds=lease_seconds))
+                .returning(WebhookDeliveryRow)
+                .execution_options(synchronize_session=False)
+            ).all()
+            events = {e.id: e for e in s.scalars(
+                select(EventRow).where(EventRow.id.in_([r.event_id for r in rows])))}
+            secrets = dict(s.execute(
+                select(WebhookRow.goal_id, WebhookRow.secret)
+                .where(WebhookRow.goal_id.in_({r.goal_id for r in rows}))).all())
+            return [
+                WebhookJob(r.id, token, r.url, secrets[r.goal_id], r.attempts,
+                           _event_view(events[r.event_id]))
+                for r in sorted(rows, key=lambda r: r.id)
+            ]
+
+    def finish_webhook_delivery(
+        self, delivery_id: int, token: str, *, delivered: bool, status_code: int | None,
+        error: str | None, retry_after: float, max_attempts: int,
+    ) -> str | None:
+        """Record one attempt's outcome, if this sender still holds the delivery: delivered,
+        or pending again `retry_after` seconds from now, or failed once `max_attempts` are
+        spent. Returns the new status (None: the claim was lost)."""
+        with self._tx() as s:
+            now = self._now(s)
+            attempts = s.scalar(
+                select(WebhookDeliveryRow.attempts)
+                .where(WebhookDeliveryRow.id == delivery_id,
+                       WebhookDeliveryRow.claim_token == token,
+                       WebhookDeliveryRow.status == "delivering")
+                .with_for_update()
+            )
+            if attempts is None:
+                return None
+            values: dict[str, Any] = {"last_status_code": status_code, "claim_token": None,
+                                      "last_error": None if error is None else error[:1000]}
+            if delivered:
+                values |= {"status": "delivered", "delivered_at": now, "next_attempt_at": None}
+            elif attempts >= max_attempts:
+                values |= {"status": "failed", "next_attempt_at": None}
+            else:
+                values |= {"status": "pending",
+                           "next_attempt_at": now + timedelta(seconds=retry_after)}
+            s.execute(update(WebhookDeliveryRow).where(WebhookDeliveryRow.id == delivery_id)
+                      .values(values).execution_options(synchronize_session=False))
+            return str(values["status"])
+
+    def webhook_deliveries(self, goal_id: str) -> list[WebhookDeliveryView]:
+        """A goal's webhook deliveries, oldest event first."""
+        with self._tx() as s:
+            rows = s.scalars(select(WebhookDeliveryRow)
+                             .where(WebhookDeliveryRow.goal_id == goal_id)
+                             .order_by(WebhookDeliveryRow.event_id))
+            return [WebhookDeliveryView(
+                id=r.id, goal_id=r.goal_id, event_id=r.event_id, event_type=r.event_type,
+                url=r.url, status=r.status, attempts=r.attempts,
+                next_attempt_at=r.next_attempt_at, last_status_code=r.last_status_code,
+                last_error=r.last_error, created_at=r.created_at, delivered_at=r.delivered_at,
+            ) for r in rows]
+
+
+@dataclass(frozen=True)
+class WebhookJob:
+    """A delivery a sender took: where to POST which event, the secret to sign it with, and
+    the claim token its outcome must present."""
+
+    delivery_id: int
+    token: str
+    url: str
+    secret: str = field(repr=False)
+    attempt: int
+    event: EventView
 
 
 def _claim_key(s: Session, claim: IdempotencyClaim, now: datetime, resource_id: str) -> None:

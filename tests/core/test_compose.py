@@ -52,10 +52,17 @@ def test_queues_match_the_dispatcher() -> None:
 
 def test_beat_sends_the_sweep_to_the_control_queue() -> None:
     assert _cmd("beat")[3] == "beat"
-    [entry] = celery_app.conf.beat_schedule.values()
+    schedule = celery_app.conf.beat_schedule
+    assert set(schedule) == {"agentloop-sweep", "agentloop-webhooks"}
+    entry = schedule["agentloop-sweep"]
     assert entry["task"] == "agentloop.sweep" and entry["task"] in celery_app.tasks
     assert entry["options"]["queue"] == "control"
     assert entry["schedule"] == Settings().sweep_interval_seconds
+    hooks = schedule["agentloop-webhooks"]
+    assert hooks["task"] == "agentloop.deliver_webhooks" and hooks["task"] in celery_app.tasks
+    assert hooks["options"] == {"queue": "control",
+                                "expires": Settings().webhook_interval_seconds}
+    assert hooks["schedule"] == Settings().webhook_interval_seconds
 
 
 def test_gen_worker_may_finish_its_batch_on_a_deploy() -> None:

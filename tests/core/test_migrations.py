@@ -18,14 +18,20 @@ def _tables(url: str) -> set[str]:
 def _round_trip(url: str) -> None:
     assert _tables(url) == set()
     migrate.upgrade(url)
-    assert _tables(url) == {"goals", "iterations", "candidates", "idempotency_keys", "events"}
+    assert _tables(url) == {
+        "goals", "iterations", "candidates", "idempotency_keys", "events", "webhooks",
+        "webhook_deliveries",
+    }
     assert migrate.current(url) == migrate.head()
     migrate.check(url)  # raises if the ORM and the migrations disagree
     migrate.downgrade(url, "base")
     assert _tables(url) == set()
     assert migrate.current(url) is None
     migrate.upgrade(url)
-    assert _tables(url) == {"goals", "iterations", "candidates", "idempotency_keys", "events"}
+    assert _tables(url) == {
+        "goals", "iterations", "candidates", "idempotency_keys", "events", "webhooks",
+        "webhook_deliveries",
+    }
     migrate.check(url)
 
 

@@ -140,7 +140,7 @@ def test_the_twins_offer_the_same_methods() -> None:
         return inspect.iscoroutinefunction(f) or inspect.isasyncgenfunction(f)
 
     sync, async_ = api(Client), api(AsyncClient)
-    assert sync == async_ and len(sync) == 13
+    assert sync == async_ and len(sync) == 14
     assert all(is_async(getattr(AsyncClient, n)) for n in async_)
     assert not any(is_async(getattr(Client, n)) for n in sync)
     assert inspect.isasyncgenfunction(AsyncClient.events)
