@@ -296,6 +296,7 @@ def cancel(goal_id: GoalId, store: StoreDep) -> GoalOut:
         "type, `data:` the event as JSON), or with `stream=false` a JSON list",
         "content": {"text/event-stream": {"schema": {"type": "string"}}},
     }, **_answers(404)},
+    tags=["events"], operation_id="goal_events", summary="Follow a goal's events",
 )
 def goal_events(
     goal_id: GoalId, store: StoreDep, settings: SettingsDep,

@@ -127,7 +127,7 @@ class AsyncClient(BaseClient):
         self._check_wait(timeout, poll)
         deadline = time.monotonic() + timeout
         current = await self.get_goal(goal)
-        if self._settled(current):
+        if self._settled(current) and progress is None:  # else its events are replayed
             return current
         try:
             async for event in self._follow(current.id, None, deadline):
@@ -171,6 +171,8 @@ class AsyncClient(BaseClient):
                         await source.response.aread()
                         raise error_for(source.response)
                     async for sse in EventSource(_events.Deadline(source.response, deadline)).aiter_sse():  # type: ignore[arg-type]
+                        if not sse.data:  # a keep-alive: httpx-sse dispatches comments
+                            continue
                         event = _events.event_of(sse)
                         last, failures = event.id, 0
                         yield event

@@ -125,7 +125,7 @@ class Client(BaseClient):
         self._check_wait(timeout, poll)
         deadline = time.monotonic() + timeout
         current = self.get_goal(goal)
-        if self._settled(current):
+        if self._settled(current) and progress is None:  # else its events are replayed
             return current
         try:
             for event in self._follow(current.id, None, deadline):
@@ -166,6 +166,8 @@ class Client(BaseClient):
                         source.response.read()
                         raise error_for(source.response)
                     for sse in EventSource(_events.Deadline(source.response, deadline)).iter_sse():  # type: ignore[arg-type]
+                        if not sse.data:  # a keep-alive: httpx-sse dispatches comments
+                            continue
                         event = _events.event_of(sse)
                         last, failures = event.id, 0
                         yield event
