@@ -14,9 +14,10 @@ Scores are CLIPScore = 2.5 * max(cos, 0) (Hessel et al. 2021), from 0 to 2.5.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 import httpx
@@ -97,9 +98,25 @@ async def _call(make: Callable[[], Awaitable[T]], url: str) -> T:
         raise ToolError(f"cannot reach the agentloop server at {url}: {exc!r}") from None
 
 
+@contextmanager
+def _root_logging_kept() -> Iterator[None]:
+    """Building an MCP server calls `logging.basicConfig` with a Rich handler at INFO on the
+    root logger: in the API process every INFO line of every library was then drawn by Rich
+    (the queue bench's API doubled its CPU). How a process logs is its host's choice: put
+    the root logger back as it was."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        yield
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+
+
 def build_server(client: AsyncClient) -> MCPServer:
     """The MCP server whose tools act through `client` (which the caller closes)."""
-    server = MCPServer(name="agentloop", instructions=INSTRUCTIONS, version=_version())
+    with _root_logging_kept():
+        server = MCPServer(name="agentloop", instructions=INSTRUCTIONS, version=_version())
     url = client.base_url
 
     @server.tool(annotations=_WRITE)
