@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 from sqlalchemy import (
     Engine,
     and_,
+    bindparam,
     create_engine,
     delete,
     event,
@@ -342,19 +343,26 @@ class Store:
         with self._tx() as s:
             now = self._now(s)
             held = _lock_held(s, list(by_id), token)
+            if held:  # one statement for the batch, executed once per row (executemany)
+                table = CandidateRow.__table__
+                s.connection().execute(
+                    update(table)
+                    .where(table.c.id == bindparam("b_id"))
+                    .values(
+                        status=CandidateStatus.SUCCEEDED.value, clip_score=bindparam("b_score"),
+                        part_scores=bindparam("b_parts"), artifact_uri=bindparam("b_uri"),
+                        timings=bindparam("b_timings"), finished_at=now, lease_expires_at=None,
+                    ),
+                    [
+                        {"b_id": cid, "b_score": by_id[cid].clip_score,
+                         "b_parts": by_id[cid].part_scores, "b_uri": by_id[cid].artifact_uri,
+                         "b_timings": by_id[cid].timings}
+                        for cid in held
+                    ],
+                )
             events = []
             for cid, h in held.items():
                 o = by_id[cid]
-                s.execute(
-                    update(CandidateRow)
-                    .where(CandidateRow.id == cid)
-                    .values(
-                        status=CandidateStatus.SUCCEEDED.value, clip_score=o.clip_score,
-                        part_scores=o.part_scores, artifact_uri=o.artifact_uri,
-                        timings=o.timings, finished_at=now, lease_expires_at=None,
-                    )
-                    .execution_options(synchronize_session=False)
-                )
                 events.append((h.goal_id, "candidate.succeeded", {
                     "candidate_id": cid, "iteration": h.iteration, "attempt": h.attempts,
                     "clip_score": o.clip_score, "part_scores": o.part_scores,
