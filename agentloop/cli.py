@@ -13,7 +13,7 @@ from rich.console import Console
 
 # Light: pydantic only. The server side (settings, store, engine) is imported inside the
 # commands that need it, so the client install (`pip install agentloop`) runs the rest.
-from agentloop.cli_client import goals_app, run_remote
+from agentloop.cli_client import call_server, goals_app, run_remote
 from agentloop.domain import GoalInvalid, GoalRequest, GoalStatus, check_goal
 
 if TYPE_CHECKING:
@@ -179,13 +179,7 @@ def cancel(
 
     url = url or os.environ.get("AGENTLOOP_URL")
     if url:
-        from agentloop.sdk import AgentloopError, Client
-
-        try:
-            with Client(url) as client:
-                status = client.cancel_goal(goal_id).status
-        except AgentloopError as exc:
-            _fail(str(exc), 1)
+        status = call_server(url, lambda client: client.cancel_goal(goal_id).status)
     else:
         from agentloop.orchestrator import IterationRejected, cancel_goal
 
@@ -257,13 +251,7 @@ def models(
 
     url = url or os.environ.get("AGENTLOOP_URL")
     if url:
-        from agentloop.sdk import AgentloopError, Client
-
-        try:
-            with Client(url) as client:
-                known = client.list_models()
-        except AgentloopError as exc:
-            _fail(str(exc), 1)
+        known = call_server(url, lambda client: client.list_models())
         print("models:  " + ", ".join(known.models) + f" (default {known.default_model})")
         print("scorers: " + ", ".join(known.scorers) + f" (default {known.default_scorer}), "
               "or any open_clip 'name:pretrained'")

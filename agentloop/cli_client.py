@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -24,6 +25,9 @@ err = Console(stderr=True)
 Url = Annotated[str | None, typer.Option(
     help="The server (default $AGENTLOOP_URL, then http://127.0.0.1:8000).",
 )]
+
+
+T = TypeVar("T")
 
 
 def _client(url: str | None) -> Client:
@@ -51,6 +55,13 @@ def _calling(action: Any) -> Any:  # noqa: ANN401 - whatever the SDK call return
         return action()
     except (AgentloopError, httpx.TransportError, TimeoutError) as exc:
         _fail(str(exc) or type(exc).__name__)
+
+
+def call_server(url: str, call: Callable[[Client], T]) -> T:
+    """`call(client)` against the server at `url`, for the commands that work either on a
+    server or locally; an API or connection error becomes one red line and exit code 1."""
+    with _client(url) as client:
+        return _calling(lambda: call(client))
 
 
 @goals_app.command("list")

@@ -91,3 +91,14 @@ def test_client_commands_import_neither_torch_nor_the_database(url: str) -> None
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("args", [["cancel", "0" * 32], ["models"]])
+def test_commands_that_may_ask_a_server_say_so_when_it_is_unreachable(args: list[str]) -> None:
+    from typer.testing import CliRunner
+
+    from agentloop.cli import app
+
+    result = CliRunner().invoke(app, [*args, "--url", "http://127.0.0.1:1"])
+    assert result.exit_code == 1 and "Connection refused" in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
