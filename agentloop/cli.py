@@ -69,7 +69,9 @@ def run(
     size: Annotated[int | None, typer.Option(help="Image side in pixels, a multiple of 8.")] = None,
     guidance: Annotated[float | None, typer.Option(help="Classifier-free guidance scale.")] = None,
     seed: Annotated[int, typer.Option(help="Seed: same seed, same result.")] = 0,
-    reviser: Annotated[str, typer.Option(help="search (default) or external.")] = "search",
+    reviser: Annotated[str, typer.Option(
+        help="search (default), external, or llm (needs AGENTLOOP_LLM_BASE_URL and "
+        "AGENTLOOP_LLM_MODEL; see docs/revisers.md).")] = "search",
     out: Annotated[Path | None, typer.Option(help="Output folder (default agentloop-out/<goal id>).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object with the result.")] = False,
     url: Annotated[str | None, typer.Option(

@@ -228,7 +228,7 @@ class GoalRequest(BaseModel):
     guidance: FiniteFloat | None = None
     seed: JsonInt = 0
     negative_prompt: PromptText = ""
-    reviser: Literal["search", "external"] = "search"
+    reviser: Literal["search", "external", "llm"] = "search"
     tenant: TenantName = "default"
     webhook: WebhookRequest | None = None
 
@@ -306,8 +306,11 @@ def check_goal(data: dict[str, Any] | GoalRequest, settings: Settings) -> GoalSp
         errors.append(("patience", f"must be between 1 and {MAX_ITERATIONS}"))
     if req.target_score is not None and not 0 < req.target_score <= 2.5:
         errors.append(("target_score", "must be in (0, 2.5] (CLIPScore, Hessel et al. scale)"))
-    if req.reviser not in ("search", "external"):
-        errors.append(("reviser", "must be 'search' or 'external'"))
+    if req.reviser not in ("search", "external", "llm"):
+        errors.append(("reviser", "must be 'search', 'external' or 'llm'"))
+    elif req.reviser == "llm" and not (settings.llm_base_url and settings.llm_model):
+        errors.append(("reviser", "'llm' needs a language model endpoint, and this server has "
+                       "none: set AGENTLOOP_LLM_BASE_URL and AGENTLOOP_LLM_MODEL (docs/revisers.md)"))
     if req.guidance is not None and req.guidance < 0:
         errors.append(("guidance", "must be >= 0"))
     if not 0 <= req.seed <= MAX_SEED:

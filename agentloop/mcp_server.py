@@ -127,9 +127,10 @@ def build_server(client: AsyncClient) -> MCPServer:
         max_iterations: Annotated[int, Field(description="most iterations")] = 8,
         target_score: Annotated[float | None, Field(
             description="stop once the best CLIPScore reaches this (0..2.5)")] = None,
-        reviser: Annotated[Literal["search", "external"], Field(
+        reviser: Annotated[Literal["search", "external", "llm"], Field(
             description="'search': agentloop revises the prompts itself; 'external': you "
-            "supply every iteration's prompts with add_iteration")] = "search",
+            "supply every iteration's prompts with add_iteration; 'llm': the server's "
+            "language model writes them (when list_models lists it in revisers)")] = "search",
         model: Annotated[str | None, Field(
             description="a name from list_models (default: the server's)")] = None,
         scorer: Annotated[str | None, Field(

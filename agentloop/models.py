@@ -228,6 +228,11 @@ class ModelsOut(BaseModel):
         description="scorer names a goal may give as `scorer`; any open_clip "
         "'name:pretrained' is accepted too (open-ended, not listed)"
     )
+    revisers: list[str] = Field(
+        default_factory=lambda: ["search", "external"],
+        description="reviser names a goal may give as `reviser` here: 'search' and "
+        "'external' always, 'llm' when the server has a language model endpoint",
+    )
     default_model: str = Field(description="the model a goal without `model` gets")
     default_scorer: str = Field(description="the scorer a goal without `scorer` gets")
     score_scale: str = SCORE_SCALE

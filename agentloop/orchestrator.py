@@ -7,6 +7,7 @@ call finds the truth in the database and changes nothing.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
@@ -22,7 +23,8 @@ from agentloop.domain import (
     StopReason,
     split_parts,
 )
-from agentloop.revisers import ReviserContext, get_reviser, objective
+from agentloop.llm import LlmConfig
+from agentloop.revisers import Proposal, Reviser, ReviserContext, get_reviser, objective
 from agentloop.settings import Settings
 from agentloop.store import IdempotencyClaim, Store, utcnow
 
@@ -47,6 +49,8 @@ class Policy:
     idle_queues: frozenset[str] = frozenset()
     """Models whose generation queue the sweep saw empty: a candidate of theirs sent over
     `outbox_grace_seconds` ago and still queued lost its message."""
+    llm: LlmConfig | None = None
+    """The endpoint the `llm` reviser asks (None: none configured; it falls back to search)."""
 
     @classmethod
     def of(cls, settings: Settings) -> Policy:
@@ -54,11 +58,31 @@ class Policy:
             outbox_grace_seconds=settings.outbox_grace_seconds,
             redispatch_after_seconds=settings.redispatch_after_seconds,
             max_attempts=settings.max_attempts,
+            llm=LlmConfig.of(settings),
         )
 
 
-def step(state: GoalState, policy: Policy, now: datetime) -> Decision:
-    """Decide the goal's next move from its state. Pure: no I/O."""
+Proposals = dict[Hashable, Proposal]
+"""Proposals already made, by the fingerprint of the context they were made for."""
+
+
+class RemoteProposalNeeded(Exception):
+    """Raised by `step(..., defer_remote=True)` instead of asking a remote reviser under the
+    goal's lock: the caller asks it (`reviser.propose(ctx)`) and steps again."""
+
+    def __init__(self, reviser: Reviser, ctx: ReviserContext, key: Hashable):
+        super().__init__(f"reviser {reviser.name} is asked outside the goal's lock")
+        self.reviser, self.ctx, self.key = reviser, ctx, key
+
+
+def step(
+    state: GoalState, policy: Policy, now: datetime, proposals: Proposals | None = None,
+    defer_remote: bool = False,
+) -> Decision:
+    """Decide the goal's next move from its state. Pure: no I/O, but for what the reviser
+    does (a remote reviser asks a service). A proposal found in `proposals` for the same
+    context is used instead of asking the reviser; with `defer_remote`, a remote reviser is
+    not asked but RemoteProposalNeeded raised."""
     goal, spec = state.goal, state.goal.spec
     d = Decision()
     d.reclaim = _expired_leases(state, policy, now)
@@ -95,9 +119,15 @@ def step(state: GoalState, policy: Policy, now: datetime) -> Decision:
         d.goal_status, d.stop_reason = GoalStatus.DONE, stop.value
         return d
     n = min(spec.fanout, goal.budget - goal.generations_reserved)
-    reviser = get_reviser(spec.reviser)
+    reviser = get_reviser(spec.reviser, policy.llm)
     index = max((it.index for it in state.iterations), default=-1) + 1
-    proposal = reviser.propose(ReviserContext(spec, parts, index, n, state.candidates))
+    ctx = ReviserContext(spec, parts, index, n, state.candidates)
+    key = _fingerprint(state.goal.id, ctx)
+    proposal = proposals.get(key) if proposals is not None else None
+    if proposal is None:
+        if defer_remote and getattr(reviser, "remote", False):
+            raise RemoteProposalNeeded(reviser, ctx, key)
+        proposal = reviser.propose(ctx)
     if not proposal.candidates:
         if goal.status is not GoalStatus.WAITING:
             d.goal_status = GoalStatus.WAITING
@@ -176,10 +206,34 @@ def _iterations_since_improvement(
     return since
 
 
+def _fingerprint(goal_id: str, ctx: ReviserContext) -> Hashable:
+    """What a proposal depends on: the goal, the iteration, its size, and the history."""
+    return (goal_id, ctx.iteration, ctx.n, tuple(
+        (c.id, c.status.value, c.clip_score, tuple(sorted(c.part_scores.items())))
+        for c in ctx.history))
+
+
 def advance(store: Store, goal_id: str, policy: Policy | None = None) -> Decision | None:
-    """One orchestrator step for a goal, in one transaction. None if the goal does not exist."""
+    """One orchestrator step for a goal, in one transaction. None if the goal does not exist.
+
+    A remote reviser (the `llm` one) is never asked under the goal's lock (on SQLite the
+    write lock is the whole database's, and a model may think for a minute): the step that
+    needs it rolls back, the reviser is asked outside any transaction, and the step runs
+    again with that proposal. Should the goal change meanwhile (another step, a reclaimed
+    candidate) so that the proposal no longer fits, it is asked again; after three tries,
+    under the lock.
+    """
     policy = policy or Policy()
-    return store.decide(goal_id, lambda state: step(state, policy, state.now or utcnow()))
+    proposals: Proposals = {}
+    for _ in range(3):
+        try:
+            return store.decide(goal_id, lambda state: step(
+                state, policy, state.now or utcnow(), proposals, defer_remote=True))
+        except RemoteProposalNeeded as need:
+            proposals[need.key] = need.reviser.propose(need.ctx)
+    return store.decide(
+        goal_id, lambda state: step(state, policy, state.now or utcnow(), proposals)
+    )
 
 
 def submit_iteration(

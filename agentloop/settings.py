@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -135,6 +137,55 @@ class Settings(BaseSettings):
 
     webhook_lease_seconds: float = 60.0
     """A delivery being sent is due again this long after it was taken (its sender died)."""
+
+    llm_base_url: str | None = None
+    """The `llm` reviser's OpenAI-compatible endpoint, up to `/v1` (vLLM
+    `http://127.0.0.1:8000/v1`, llama.cpp `http://127.0.0.1:8080/v1`, Ollama
+    `http://127.0.0.1:11434/v1`, or a hosted API). Unset: goals cannot choose reviser `llm`."""
+
+    llm_model: str | None = None
+    """The model name the endpoint serves (sent as `model`); required with `llm_base_url`."""
+
+    llm_api_key: str | None = Field(default=None, repr=False)
+    """Sent as `Authorization: Bearer <key>` (local servers need none)."""
+
+    llm_timeout_seconds: float = 60.0
+    """How long one chat-completions request may take."""
+
+    llm_max_attempts: int = 3
+    """Attempts per iteration (timeouts, 5xx, 429, invalid answers are tried again) before the
+    iteration falls back to the `search` reviser."""
+
+    llm_max_tokens: int = 2048
+    """`max_tokens` of each request: room for the answer's moves."""
+
+    llm_temperature: float = 0.0
+    """Sampling temperature (0: the most repeatable answers)."""
+
+    llm_response_format: Literal["auto", "json_schema", "json_object", "none"] = "auto"
+    """How to ask for JSON: `auto` sends the answer's JSON schema and steps down to
+    `json_object`, then to none, when the server refuses one; or pin one."""
+
+    llm_backoff_seconds: float = 1.0
+    """The wait after a failed attempt without Retry-After; it doubles each attempt."""
+
+    llm_max_wait_seconds: float = 30.0
+    """The longest wait between attempts; a 429 asking for more falls back at once."""
+
+    @model_validator(mode="after")
+    def _llm_endpoint_complete(self) -> Settings:
+        if bool(self.llm_base_url) != bool(self.llm_model):
+            raise ValueError(
+                "llm_base_url and llm_model go together: set both AGENTLOOP_LLM_BASE_URL and "
+                "AGENTLOOP_LLM_MODEL for the llm reviser, or neither"
+            )
+        if self.llm_base_url and not re.fullmatch(r"https?://[^\s/]+(/\S*)?", self.llm_base_url):
+            raise ValueError(f"llm_base_url {self.llm_base_url!r} is not an http(s) URL")
+        if self.llm_timeout_seconds <= 0 or self.llm_max_attempts < 1 or self.llm_max_tokens < 1:
+            raise ValueError("llm_timeout_seconds, llm_max_attempts and llm_max_tokens must be positive")
+        if self.llm_backoff_seconds < 0 or self.llm_max_wait_seconds < 0:
+            raise ValueError("llm_backoff_seconds and llm_max_wait_seconds must be >= 0")
+        return self
 
     @model_validator(mode="after")
     def _webhook_secret_valid(self) -> Settings:

@@ -381,4 +381,5 @@ def list_models(settings: SettingsDep) -> ModelsOut:
     return ModelsOut(
         models=known_models(extra), scorers=known_scorers(), default_model=model,
         default_scorer=scorer,
+        revisers=["search", "external"] + (["llm"] if settings.llm_base_url else []),
     )
