@@ -50,9 +50,18 @@ def get_settings(engine: bool = False) -> Settings:
             f"this command needs the server side, which this install lacks ({', '.join(missing)}): "
             f'pip install "{extra}" (client commands such as `agentloop mcp --url` need no extra)'
         ), 1)
+    from pydantic import ValidationError
+
     from agentloop.settings import get_settings as settings
 
-    return settings()
+    try:
+        return settings()
+    except ValidationError as exc:  # one line naming what is wrong, not a traceback
+        from rich.markup import escape
+
+        problems = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
+        _fail(escape(f"invalid settings (AGENTLOOP_* environment): {problems}"), 1)
+        raise  # unreachable: _fail exits
 
 
 @app.command()

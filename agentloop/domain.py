@@ -266,6 +266,11 @@ class GoalSpec:
         return cls(**data)
 
 
+def available_revisers(settings: Settings) -> list[str]:
+    """The revisers a goal may choose on this deployment: `llm` only with an endpoint."""
+    return ["search", "external"] + (["llm"] if settings.llm_base_url and settings.llm_model else [])
+
+
 # The catalog answers "does this model exist" without importing torch.
 def _model_defaults(model: str, extra_models: tuple[str, ...]) -> dict[str, Any]:
     from engine.defaults import model_defaults
@@ -308,7 +313,7 @@ def check_goal(data: dict[str, Any] | GoalRequest, settings: Settings) -> GoalSp
         errors.append(("target_score", "must be in (0, 2.5] (CLIPScore, Hessel et al. scale)"))
     if req.reviser not in ("search", "external", "llm"):
         errors.append(("reviser", "must be 'search', 'external' or 'llm'"))
-    elif req.reviser == "llm" and not (settings.llm_base_url and settings.llm_model):
+    elif req.reviser not in available_revisers(settings):
         errors.append(("reviser", "'llm' needs a language model endpoint, and this server has "
                        "none: set AGENTLOOP_LLM_BASE_URL and AGENTLOOP_LLM_MODEL (docs/revisers.md)"))
     if req.guidance is not None and req.guidance < 0:

@@ -18,6 +18,7 @@ from agentloop.domain import (
     MAX_SEED,
     WEBHOOK_SECRET_PATTERN,
     WEBHOOK_URL_PATTERN,
+    available_revisers,
 )
 from agentloop.settings import Settings
 
@@ -49,6 +50,7 @@ def goal_request_limits(settings: Settings) -> dict[str, dict[str, Any]]:
         # enum lists what this deployment has at hand.
         "model": {"enum": known_models(settings.extra_models)},
         "scorer": {"enum": known_scorers()},
+        "reviser": {"enum": available_revisers(settings)},
     }
 
 

@@ -46,6 +46,7 @@ from agentloop.domain import (
     GoalStatus,
     SafeStr,
     TenantName,
+    available_revisers,
     check_goal,
     webhook_of,
 )
@@ -381,5 +382,5 @@ def list_models(settings: SettingsDep) -> ModelsOut:
     return ModelsOut(
         models=known_models(extra), scorers=known_scorers(), default_model=model,
         default_scorer=scorer,
-        revisers=["search", "external"] + (["llm"] if settings.llm_base_url else []),
+        revisers=available_revisers(settings),
     )

@@ -30,6 +30,7 @@ BAD_GOALS: list[tuple[str, Body, str]] = [
     ("budget not a number", lambda s: {"budget": "many"}, "budget"),
     ("unknown field", lambda s: {"colour": "red"}, "colour"),
     ("unknown reviser", lambda s: {"reviser": "oracle"}, "reviser"),
+    ("llm reviser, no endpoint configured", lambda s: {"reviser": "llm"}, "reviser"),
 ]
 
 
