@@ -12,6 +12,7 @@ attempts cost. Used by the `llm` reviser; nothing in it is specific to revising.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -131,6 +132,9 @@ class ChatClient:
         first = config.response_format
         self._format_index = 0 if first == "auto" else FORMATS.index(first)
         self._format_fixed = first != "auto"
+        self._tokens_key = "max_tokens"
+        self._dropped: set[str] = set()
+        """Optional parameters this server refused (`temperature`, `seed`): no longer sent."""
 
     def close(self) -> None:
         self._http.close()
@@ -177,6 +181,25 @@ class ChatClient:
         usage.latency_s = time.monotonic() - started
         return ChatAnswer(value, usage)
 
+    def _adapt(self, error: str, fmt: str) -> str | None:
+        """Learn from a 400 that names a request field this server does not take; say what
+        changes for the next attempts (None: nothing to learn, the 400 stands)."""
+        text = error.lower()
+        if "max_completion_tokens" in text and self._tokens_key == "max_tokens":
+            self._tokens_key = "max_completion_tokens"  # OpenAI's reasoning models
+            return "the server wants max_completion_tokens instead of max_tokens"
+        if fmt != "none" and not self._format_fixed and any(
+                w in text for w in ("response_format", "json_schema", "json_object")):
+            self._format_index += 1  # this server takes no such response_format: ask plainer
+            return f"the server refused response_format {fmt}"
+        for name in ("temperature", "seed"):
+            if name not in self._dropped and re.search(
+                    rf"(unsupported|not supported|unrecognized|unknown)[^.]*\b{name}\b"
+                    rf"|\b{name}\b[^.]*(unsupported|not supported|not allowed)", text):
+                self._dropped.add(name)
+                return f"the server does not take {name}; no longer sent"
+        return None
+
     def _may_wait(self, exc: _Retryable) -> bool:
         return exc.wait is None or exc.wait <= self.config.max_wait_seconds
 
@@ -194,11 +217,13 @@ class ChatClient:
     ) -> T:
         cfg = self.config
         body: dict[str, Any] = {
-            "model": cfg.model, "messages": conversation, "max_tokens": cfg.max_tokens,
+            "model": cfg.model, "messages": conversation, self._tokens_key: cfg.max_tokens,
             "temperature": cfg.temperature, "stream": False,
         }
         if seed is not None:
             body["seed"] = seed
+        for name in self._dropped:
+            body.pop(name, None)
         fmt = FORMATS[self._format_index]
         usage.response_format = fmt
         if fmt == "json_schema":
@@ -215,10 +240,8 @@ class ChatClient:
         except httpx.HTTPError as exc:
             raise _Retryable(f"{type(exc).__name__}: {exc}") from None
         code = response.status_code
-        if code in (400, 422) and fmt != "none" and not self._format_fixed \
-                and "response_format" in response.text:
-            self._format_index += 1  # this server takes no such response_format: ask plainer
-            raise _Retryable(f"HTTP {code}: the server refused response_format {fmt}", wait=0.0)
+        if code in (400, 422) and (adapted := self._adapt(response.text, fmt)):
+            raise _Retryable(f"HTTP {code}: {adapted}", wait=0.0)
         if code == 429 or code >= 500:
             raise _Retryable(f"HTTP {code}: {_snippet(response.text)}", wait=_retry_after(response))
         if code != 200:
@@ -241,7 +264,7 @@ class ChatClient:
         cut = " (it was cut off at max_tokens: answer with fewer, shorter moves)" \
             if finish == "length" else ""
         try:
-            parsed = json.loads(_strip_fences(content))
+            parsed = _read_json(content)
         except ValueError as exc:
             raise _Retryable(
                 f"answer is not JSON: {exc}{cut}",
@@ -283,13 +306,21 @@ def _retry_after(response: httpx.Response) -> float | None:
         return None
 
 
-def _strip_fences(content: str) -> str:
-    """The JSON inside a ```json fence, which models asked for plain words often add."""
-    text = content.strip()
+def _read_json(content: str) -> Any:
+    """The JSON of an answer. Models asked in plain words (no response_format) often wrap it:
+    a reasoning block (<think>...</think>) before it, a ```json fence around it, a sentence
+    before or after it; the object is read from the first `{` to the last `}` then."""
+    text = re.sub(r"<think>.*?</think>", "", content, flags=re.DOTALL).strip()
     if text.startswith("```"):
         text = text.split("\n", 1)[1] if "\n" in text else ""
         text = text.rsplit("```", 1)[0]
-    return text
+    try:
+        return json.loads(text)
+    except ValueError:
+        start, end = text.find("{"), text.rfind("}")
+        if 0 <= start < end and (start > 0 or end < len(text) - 1):
+            return json.loads(text[start: end + 1])
+        raise
 
 
 def _problems(exc: Exception) -> str:

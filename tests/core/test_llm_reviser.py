@@ -270,3 +270,27 @@ def test_failed_candidates_are_no_parents() -> None:
     with ScriptedLLM([chat(wrong)]) as server:
         p = reviser(server, max_attempts=1).propose(ctx(hist=[*history(), failed]))
     assert "c7" in p.notes["llm"]["fallback"] and server.situation()["candidates_failed"] == 1
+
+
+def test_an_answer_wrapped_in_reasoning_and_prose_is_read() -> None:
+    wrapped = ("<think>The square scores low, so refine c0 {maybe}.</think>\nHere are the moves:\n"
+               + json.dumps(GOOD) + "\nGood luck!")
+    with ScriptedLLM([chat(wrapped)]) as server:
+        p = reviser(server, response_format="none").propose(ctx())
+    assert p.notes["strategy"] == "llm" and len(p.candidates) == 3
+    assert "response_format" not in server.requests[0]
+
+
+def test_parameters_a_server_refuses_are_adapted_once() -> None:
+    openai_reasoning = Reply(400, {"error": {"message": "Unsupported parameter: 'max_tokens' is "
+                                             "not supported with this model. Use "
+                                             "'max_completion_tokens' instead."}})
+    no_temperature = Reply(400, {"error": {"message": "Unsupported value: 'temperature' does not "
+                                           "support 0.0 with this model."}})
+    with ScriptedLLM([openai_reasoning, no_temperature, chat(GOOD), chat(GOOD)]) as server:
+        r = reviser(server, max_attempts=3)
+        assert r.propose(ctx()).notes["strategy"] == "llm"
+        assert r.propose(ctx()).notes["llm"]["attempts"] == 1
+    first, second, third, fourth = server.requests
+    assert "max_tokens" in first and "max_completion_tokens" in second and "temperature" in second
+    assert "temperature" not in third and "max_tokens" not in fourth and "temperature" not in fourth
