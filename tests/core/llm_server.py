@@ -60,6 +60,9 @@ class ScriptedLLM:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, as real servers do
+            disable_nagle_algorithm = True  # headers and body leave at once (no 40 ms stalls)
+
             def do_POST(self) -> None:  # noqa: N802 - http.server's name
                 length = int(self.headers.get("content-length", 0))
                 raw = self.rfile.read(length)
@@ -113,6 +116,11 @@ class ScriptedLLM:
     def __exit__(self, *exc: object) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+    def serve_forever(self) -> None:
+        """Run until interrupted, printing the base URL first (for a benchmark's subprocess)."""
+        print(self.url, flush=True)
+        self._server.serve_forever(poll_interval=0.05)
 
     def situation(self, index: int = -1) -> dict[str, Any]:
         """The situation (the user message's JSON) of a request."""
