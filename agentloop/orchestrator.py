@@ -7,7 +7,9 @@ call finds the truth in the database and changes nothing.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Hashable
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
@@ -213,6 +215,33 @@ def _fingerprint(goal_id: str, ctx: ReviserContext) -> Hashable:
         for c in ctx.history))
 
 
+_asking: dict[Hashable, Future[Proposal]] = {}
+_asking_lock = threading.Lock()
+
+
+def _ask_once(need: RemoteProposalNeeded) -> Proposal:
+    """Ask a remote reviser, unless a thread of this process is asking it for the same
+    context already (the sweep advancing a goal whose model is still thinking): then wait
+    for that answer instead of paying for a second one."""
+    with _asking_lock:
+        pending = _asking.get(need.key)
+        if pending is None:
+            mine: Future[Proposal] = Future()
+            _asking[need.key] = mine
+    if pending is not None:
+        return pending.result()
+    try:
+        proposal = need.reviser.propose(need.ctx)
+        mine.set_result(proposal)
+        return proposal
+    except BaseException as exc:
+        mine.set_exception(exc)
+        raise
+    finally:
+        with _asking_lock:
+            _asking.pop(need.key, None)
+
+
 def advance(store: Store, goal_id: str, policy: Policy | None = None) -> Decision | None:
     """One orchestrator step for a goal, in one transaction. None if the goal does not exist.
 
@@ -230,7 +259,7 @@ def advance(store: Store, goal_id: str, policy: Policy | None = None) -> Decisio
             return store.decide(goal_id, lambda state: step(
                 state, policy, state.now or utcnow(), proposals, defer_remote=True))
         except RemoteProposalNeeded as need:
-            proposals[need.key] = need.reviser.propose(need.ctx)
+            proposals[need.key] = _ask_once(need)
     return store.decide(
         goal_id, lambda state: step(state, policy, state.now or utcnow(), proposals)
     )

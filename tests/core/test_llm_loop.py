@@ -182,3 +182,29 @@ def test_the_cli_says_what_is_missing_for_reviser_llm(tmp_path: Path, monkeypatc
         assert "AGENTLOOP_LLM_MODEL" in " ".join(result.output.split())
     finally:
         get_settings.cache_clear()
+
+
+def test_two_steps_of_one_goal_at_once_ask_the_model_once(sqlite_url: str, settings: Settings) -> None:
+    """The sweep may advance a goal while its model still thinks: in one process the second
+    step waits for the first one's answer; one iteration is opened."""
+    store = Store(sqlite_url)
+
+    def slow(body: dict[str, Any]) -> Reply:
+        reply = moves_for(body)
+        reply.delay = 0.5
+        return reply
+
+    with ScriptedLLM(slow) as server:
+        s = llm_settings(settings, server)
+        goal_id = make_goal(store, s, budget=4, fanout=2, reviser="llm")
+        decisions: list[Any] = []
+        steps = [threading.Thread(target=lambda: decisions.append(advance(store, goal_id, Policy.of(s))))
+                 for _ in range(2)]
+        for t in steps:
+            t.start()
+        for t in steps:
+            t.join()
+    assert len(server.requests) == 1
+    assert sorted(len(d.dispatch) for d in decisions) == [0, 2]
+    assert len(store.get_state(goal_id).iterations) == 1 and len(store.list_candidates(goal_id)) == 2
+    store.dispose()
