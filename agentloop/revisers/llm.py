@@ -19,9 +19,24 @@ import json
 import threading
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
-from agentloop.domain import MAX_PROMPT_CHARS, MAX_SEED, CandidateDraft, CandidateView, Layout
+from agentloop.domain import (
+    MAX_PROMPT_CHARS,
+    MAX_SEED,
+    CandidateDraft,
+    CandidateView,
+    Layout,
+    SafeStr,
+)
 from agentloop.layout import MAX_REGIONS
 from agentloop.llm import ChatClient, ChatFailed, LlmConfig
 from agentloop.revisers.base import Proposal, ReviserContext, derive_seed, objective
@@ -44,7 +59,15 @@ SHOWN_WORST = 3
 SEED_SALT = 3000
 """Salt of the seeds derived for moves that ask for a new seed (apart from search's)."""
 
-Text = Annotated[str, Field(min_length=1, max_length=MAX_PROMPT_CHARS)]
+def _has_words(v: str) -> str:
+    if not v.strip():
+        raise ValueError("must not be only white space")
+    return v
+
+
+Text = Annotated[SafeStr, Field(min_length=1, max_length=MAX_PROMPT_CHARS), AfterValidator(_has_words)]
+"""A prompt: storable (no NUL, no lone surrogate), 1 to 2000 characters, not only spaces."""
+Note = Annotated[SafeStr, Field(max_length=MAX_WHY_CHARS)]
 Unit = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
 SeedChoice = Annotated[int, Field(ge=0, le=MAX_SEED)] | Literal["new", "parent"] | None
 
@@ -98,27 +121,18 @@ class Move(BaseModel):
     kind: Literal["prompt", "layout", "refine", "repair"]
     parent_id: str | None = None
     prompt: Text | None = None
-    negative_prompt: Annotated[str, Field(max_length=MAX_PROMPT_CHARS)] | None = None
+    negative_prompt: Annotated[SafeStr, Field(max_length=MAX_PROMPT_CHARS)] | None = None
     seed: SeedChoice = None
     regions: Annotated[list[RegionMove], Field(min_length=1, max_length=MAX_REGIONS)] | None = None
     variation_strength: Unit | None = None
     area: RepairArea | None = None
     strength: Unit | None = None
-    why: Annotated[str, Field(max_length=MAX_WHY_CHARS)] | None = None
+    why: Note | None = None
 
     @field_validator("variation_strength", "strength", mode="before")
     @classmethod
     def _int_is_float(cls, v: Any) -> Any:
         return float(v) if isinstance(v, int) and not isinstance(v, bool) else v
-
-    @field_validator("prompt", "negative_prompt", "why")
-    @classmethod
-    def _storable(cls, v: str | None) -> str | None:
-        if v is not None and ("\x00" in v or any("\ud800" <= ch <= "\udfff" for ch in v)):
-            raise ValueError("must not contain NUL or lone surrogates")
-        if v is not None and v.strip() == "" and v != "":
-            raise ValueError("must not be only white space")
-        return v
 
     @model_validator(mode="after")
     def _fields_of_kind(self, info: ValidationInfo) -> Move:
@@ -152,7 +166,7 @@ class Answer(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    rationale: Annotated[str, Field(max_length=MAX_RATIONALE_CHARS)] | None = None
+    rationale: Annotated[SafeStr, Field(max_length=MAX_RATIONALE_CHARS)] | None = None
     moves: Annotated[list[Move], Field(min_length=1, max_length=MAX_MOVES)]
 
 
