@@ -235,7 +235,7 @@ well-matched images of this model score about 0.7 to 1.0). A goal with several p
 a score per part; candidates are ranked by the mean of the whole-goal score and the weakest \
 part's score, so an image that drops a part loses.
 
-You read the goal and the scored history and propose the next candidates as moves:
+You read the situation as JSON: the goal, its parts (and part_places, the anchors the goal gives them, when it does), layouts_supported, n (how many moves to give), and the best and worst candidates so far with their id, prompt, seed, score, objective (what ranks them), part_scores, regions, parent_id and edit. Propose the next candidates as moves:
 - "prompt": a new prompt (fields: prompt, optional negative_prompt, seed).
 - "layout": each part drawn in its own region (fields: regions = [{prompt, x, y}] with the \
 anchor x, y in [0, 1] from the top-left corner, optional prompt for the whole image, seed). \
@@ -334,9 +334,11 @@ def situation(ctx: ReviserContext) -> dict[str, Any]:
     best = ranked[:SHOWN_BEST]
     worst = [c for c in ranked[SHOWN_BEST:][-SHOWN_WORST:]]
     failed = sum(1 for c in ctx.history if c.status.value == "failed")
+    places = {p.text: list(p.place) for p in getattr(ctx, "goal_parts", ()) if p.place}
     return {
         "goal": ctx.spec.goal,
         "parts": list(ctx.parts),
+        **({"part_places": places} if places else {}),
         "negative_prompt": ctx.spec.negative_prompt,
         "model": ctx.spec.model,
         "layouts_supported": _draws_layouts(ctx.spec.model),
@@ -360,8 +362,8 @@ def _shown(c: CandidateView, ctx: ReviserContext) -> dict[str, Any]:
         out["part_scores"] = {p: round(v, 4) for p, v in c.part_scores.items()}
     if c.negative_prompt:
         out["negative_prompt"] = c.negative_prompt
-    if c.regions:
-        out["regions"] = [{"prompt": p, "x": x, "y": y} for p, x, y in c.regions]
+    if c.regions:  # entries are (prompt, x, y), with a fourth value (a scale) where there is one
+        out["regions"] = [{"prompt": r[0], "x": r[1], "y": r[2]} for r in c.regions]
     if c.variation_seed is not None:
         out["variation_strength"] = c.variation_strength
     if c.parent_id:
@@ -395,7 +397,7 @@ def moves_to_drafts(ctx: ReviserContext, answer: Answer) -> tuple[list[Candidate
         if regions and not layouts:
             mapped.append(f"move {i}: {move.kind} → prompt (model {ctx.spec.model} draws no "
                           "layouts; the regions' prompts joined)")
-            prompt = move.prompt or " and ".join(p for p, _, _ in regions)
+            prompt = move.prompt or " and ".join(r[0] for r in regions)
             regions = ()
         seed, variation_seed, strength = _noise(ctx, move, kind, parent, len(drafts))
         negative = move.negative_prompt if move.negative_prompt is not None else (
@@ -434,8 +436,8 @@ def _template(ctx: ReviserContext, move: Move, parent: CandidateView | None) -> 
                    key=lambda j: (parent.regions[j][1] - cx) ** 2 + (parent.regions[j][2] - cy) ** 2)
         assert move.prompt is not None
         return parent.prompt, tuple(
-            (move.prompt, x, y) if j == near else (p, x, y)
-            for j, (p, x, y) in enumerate(parent.regions))
+            (move.prompt, *r[1:]) if j == near else r  # type: ignore[misc]
+            for j, r in enumerate(parent.regions))
     return move.prompt or parent.prompt, regions or parent.regions
 
 
