@@ -67,6 +67,8 @@ class Usage:
     """What the attempts of one question cost, summed over them."""
 
     model: str
+    served_model: str | None = None
+    """The model the server says answered (its `model` field), when it names one."""
     attempts: int = 0
     latency_s: float = 0.0
     prompt_tokens: int = 0
@@ -77,7 +79,7 @@ class Usage:
 
     def notes(self) -> dict[str, Any]:
         return {
-            "model": self.model, "attempts": self.attempts, "latency_s": round(self.latency_s, 3),
+            "model": self.model, "served_model": self.served_model, "attempts": self.attempts, "latency_s": round(self.latency_s, 3),
             "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
             "response_format": self.response_format, "errors": self.errors,
         }
@@ -253,6 +255,8 @@ class ChatClient:
         except (ValueError, KeyError, IndexError, TypeError):
             raise _Retryable(f"not a chat completion: {_snippet(response.text)}") from None
         _count(usage, data.get("usage"))
+        if isinstance(data.get("model"), str):
+            usage.served_model = data["model"][:200]
         if message.get("refusal"):
             raise _Final(f"refused: {_snippet(str(message['refusal']))}")
         finish = choice.get("finish_reason")

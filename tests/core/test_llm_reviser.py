@@ -83,6 +83,7 @@ def test_a_good_answer_becomes_the_drafts_and_the_notes_record_the_call() -> Non
     llm = p.notes["llm"]
     assert p.notes["strategy"] == "llm" and p.notes["rationale"] == "the square is weak"
     assert (llm["model"], llm["attempts"], llm["fallback"]) == ("scripted-model", 1, None)
+    assert llm["served_model"] == "scripted"  # what the server's answer names
     assert (llm["prompt_tokens"], llm["completion_tokens"]) == (812, 133)
     assert 0 < llm["latency_s"] < 5 and llm["response_format"] == "json_schema"
     assert [m["why"] for m in p.notes["moves"]][0] == "the square part scores 0.3"
