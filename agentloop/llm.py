@@ -166,6 +166,9 @@ class ChatClient:
             except _Final as exc:
                 usage.errors.append(str(exc))
                 raise
+            except Exception as exc:  # noqa: BLE001 - whatever else went wrong ends the asking
+                usage.errors.append(f"{type(exc).__name__}: {exc}")
+                raise _Final(f"{type(exc).__name__}: {exc}") from exc
 
         retrying = Retrying(
             stop=stop_after_attempt(max(1, cfg.max_attempts)),

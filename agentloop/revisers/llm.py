@@ -294,8 +294,12 @@ class LlmReviser:
             )
         except ChatFailed as exc:
             return self._fall_back(ctx, exc.reason, exc.usage.notes())
-        drafts, moves_notes = moves_to_drafts(ctx, answer.value)
         llm_notes = answer.usage.notes() | {"fallback": None}
+        try:
+            drafts, moves_notes = moves_to_drafts(ctx, answer.value)
+        except Exception as exc:  # noqa: BLE001 - a goal never fails because of its model
+            return self._fall_back(ctx, f"the moves could not be drawn: {type(exc).__name__}: "
+                                   f"{exc}", llm_notes)
         notes: dict[str, Any] = {
             "strategy": "llm", "llm": llm_notes, "rationale": answer.value.rationale,
             **moves_notes,

@@ -299,3 +299,18 @@ def test_parameters_a_server_refuses_are_adapted_once() -> None:
     first, second, third, fourth = server.requests
     assert "max_tokens" in first and "max_completion_tokens" in second and "temperature" in second
     assert "temperature" not in third and "max_tokens" not in fourth and "temperature" not in fourth
+
+
+def test_a_validator_that_breaks_ends_the_asking_and_falls_back() -> None:
+    """Anything unexpected while asking (here a validator with a bug) is a failed call that
+    falls back, never an error out of the orchestrator's step."""
+    from agentloop.llm import ChatClient, ChatFailed
+
+    def broken(data: Any) -> Any:
+        raise KeyError("bug")
+
+    with ScriptedLLM([chat(GOOD), chat(GOOD)]) as server:
+        client = ChatClient(LlmConfig(server.url, "m", max_attempts=3, backoff_seconds=0.01))
+        with pytest.raises(ChatFailed, match="KeyError") as failed:
+            client.ask_json([{"role": "user", "content": "hi"}], ANSWER_SCHEMA, "x", broken)
+    assert failed.value.usage.attempts == 1 and len(server.requests) == 1
