@@ -257,7 +257,7 @@ def models(
         help="A server to ask (default $AGENTLOOP_URL); without one, this installation.",
     )] = None,
 ) -> None:
-    """List the models and scorers this installation (or the server at --url) knows."""
+    """List the models, scorers and revisers this installation (or the server at --url) knows."""
     import os
 
     url = url or os.environ.get("AGENTLOOP_URL")
@@ -266,12 +266,15 @@ def models(
         print("models:  " + ", ".join(known.models) + f" (default {known.default_model})")
         print("scorers: " + ", ".join(known.scorers) + f" (default {known.default_scorer}), "
               "or any open_clip 'name:pretrained'")
+        print("revisers: " + ", ".join(known.revisers))
         return
+    from agentloop.domain import available_revisers
     from engine.catalog import known_models, known_scorers
 
     settings = get_settings()
     print("models:  " + ", ".join(known_models(settings.extra_models)))
     print("scorers: " + ", ".join(known_scorers()) + ", or any open_clip 'name:pretrained'")
+    print("revisers: " + ", ".join(available_revisers(settings)))
 
 
 @app.command("mcp")
