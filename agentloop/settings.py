@@ -85,7 +85,21 @@ class Settings(BaseSettings):
     derived from the prompt), so the queue itself is what is measured. Never for real goals."""
 
     generation_batch: int = 16
-    """Most candidates in one generation task (they run as one batch on the worker)."""
+    """Most candidates in one generation task message."""
+
+    gen_coalesce: bool = True
+    """A generation worker batches across goals: a running generation task takes the other
+    generation messages waiting in its queue and runs all their candidates as one engine
+    batch (docs/engine.md, "Batching across goals"). Off: each message runs alone."""
+
+    gen_max_batch: int = Field(default=64, ge=1)
+    """Most candidates (rows) one generation worker runs in one coalesced batch; also the
+    embedded runtime's cap. The engine cuts it into pipeline calls of `EngineConfig.max_batch`."""
+
+    gen_max_wait_ms: float = Field(default=50.0, ge=0.0)
+    """How long a generation task waits, from its start, for more messages while its queue is
+    empty and its batch not full. Every batch of a lone goal pays it; at 0 a task takes only
+    what already waits."""
 
     worker_name: str | None = None
     """Name recorded on candidates; default hostname:pid."""

@@ -1,5 +1,9 @@
 """Celery tasks: thin wrappers that run the task functions in `workers.jobs`.
 
+A generation task batches across goals: it takes the other generation messages waiting in its
+queue and runs their candidates with its own (`workers.coalesce`, settings `gen_coalesce`,
+`gen_max_batch`, `gen_max_wait_ms`).
+
 Transient database and broker errors are retried with exponential backoff and jitter
 (`autoretry_for`) instead of being acked away; anything a retry cannot fix is left to the
 sweep, which finds the work in the database whatever happened to the message.
@@ -15,6 +19,7 @@ from agentloop.settings import get_settings
 from agentloop.store import Store
 from workers.app import app
 from workers.celery_dispatch import CeleryDispatcher
+from workers.coalesce import Coalescer, queue_of
 from workers.jobs import (
     WorkerContext,
     advance_goal_job,
@@ -59,10 +64,17 @@ def advance_goal(goal_id: str) -> list[str]:
     return advance_goal_job(worker_context(), goal_id)
 
 
-@app.task(name="agentloop.generate", **RETRY)
-def generate(candidate_ids: list[str]) -> list[str]:
-    """Generate, score and record candidates (idempotent by candidate id)."""
-    return generate_job(worker_context(), candidate_ids)
+@app.task(name="agentloop.generate", bind=True, **RETRY)
+def generate(self, candidate_ids: list[str]) -> list[str]:  # noqa: ANN001 - the bound task
+    """Generate, score and record candidates (idempotent by candidate id), with those of the
+    generation messages waiting in the same queue when coalescing is on."""
+    ctx = worker_context()
+    s = ctx.settings
+    if not s.gen_coalesce:
+        return generate_job(ctx, candidate_ids)
+    coalescer = Coalescer(app, s.gen_max_batch, s.gen_max_wait_ms / 1000)
+    with coalescer.take(queue_of(self.request.delivery_info), len(candidate_ids)) as taken:
+        return generate_job(ctx, list(dict.fromkeys([*candidate_ids, *taken.ids])))
 
 
 @app.task(name="agentloop.sweep", ignore_result=True)
