@@ -142,3 +142,6 @@ def test_the_settings_bound_the_batch_and_the_wait() -> None:
         Settings(gen_max_batch=0)
     with pytest.raises(ValidationError, match="gen_max_wait_ms"):
         Settings(gen_max_wait_ms=-1)
+    with pytest.raises(ValidationError, match="shorter than outbox_grace_seconds"):
+        Settings(gen_max_wait_ms=5000, outbox_grace_seconds=5)
+    assert Settings(gen_max_wait_ms=5000, gen_coalesce=False).gen_max_wait_ms == 5000

@@ -5,11 +5,13 @@ generation messages; every candidate is recorded once; a poisoned candidate in a
 goals fails alone; a worker killed in the middle of such a batch still lets every goal finish.
 
 `AGENTLOOP_GEN_MAX_WAIT_MS` is raised to 2 s so that the first task waits for the goals posted
-after it (in production the messages pile up while the GPU is busy; here the engine is quick).
+after it (in production the messages pile up while the GPU is busy; here the engine is quick),
+and the outbox grace to 5 s, the shipped value (the wait must stay under it).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +23,7 @@ from tests.integration.conftest import make_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-WAIT = {"AGENTLOOP_GEN_MAX_WAIT_MS": "2000"}
+WAIT = {"AGENTLOOP_GEN_MAX_WAIT_MS": "2000", "AGENTLOOP_OUTBOX_GRACE_SECONDS": "5"}
 
 
 @pytest.fixture
@@ -60,6 +62,35 @@ def _engine_calls(rows: list[dict]) -> dict[tuple[str, float], list[dict]]:
     return calls
 
 
+class EventLog:
+    """Celery task events on the cluster's broker (what Flower reads), from now on."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.events: list[dict] = []
+        self.app = cluster.celery()
+        self.conn = self.app.connection()
+        self.receiver = self.app.events.Receiver(self.conn, handlers={"*": self.events.append})
+        ready, bind = threading.Event(), self.receiver.on_consume_ready
+
+        def bound(*args, **kwargs) -> None:  # noqa: ANN002,ANN003
+            bind(*args, **kwargs)
+            ready.set()  # its queue is bound: every event from now on reaches it
+
+        self.receiver.on_consume_ready = bound
+        self.thread = threading.Thread(
+            target=self.receiver.capture, kwargs={"wakeup": False}, daemon=True)
+        self.thread.start()
+        assert ready.wait(10), "the event receiver did not start"
+
+    def of(self, kind: str) -> list[dict]:
+        return [e for e in list(self.events) if e.get("type") == kind]
+
+    def close(self) -> None:
+        self.receiver.should_stop = True
+        self.thread.join(5)
+        self.conn.release()
+
+
 @pytest.mark.timeout(150)
 def test_goals_submitted_together_share_batches_and_a_poisoned_candidate_fails_alone(
     noop_cluster: Cluster,
@@ -69,8 +100,15 @@ def test_goals_submitted_together_share_batches_and_a_poisoned_candidate_fails_a
     colours = ("red", "blue", "green", "gold")
 
     # four goals, four messages of four candidates: fewer engine batches than messages
+    events = EventLog(cluster)
     goals = _submit(cluster, [[f"a {c} circle number {k}" for k in range(4)] for c in colours])
     assert set(cluster.wait_goals_ended(goals, 60).values()) == {"done"}
+    # every generation message is reported done to monitors, those taken into a batch too
+    sent = {e["uuid"] for e in events.of("task-sent") if e.get("name") == "agentloop.generate"}
+    assert len(sent) >= 4, events.of("task-sent")
+    wait_for(lambda: sent <= {e["uuid"] for e in events.of("task-succeeded")}, 10,
+             "a task-succeeded event for every generation message")
+    events.close()
     rows = [c for g in goals for c in cluster.candidate_rows(g)]
     assert len(rows) == 16 and {(c["status"], c["attempts"]) for c in rows} == {("succeeded", 1)}
     calls = _engine_calls(rows)
