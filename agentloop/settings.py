@@ -90,7 +90,8 @@ class Settings(BaseSettings):
     gen_coalesce: bool = True
     """A generation worker batches across goals: a running generation task takes the other
     generation messages waiting in its queue and runs all their candidates as one engine
-    batch (docs/engine.md, "Batching across goals"). Off: each message runs alone."""
+    batch (docs/reliability.md, "Batching across goals"). Off: each message runs alone. (The
+    embedded runtime always batches what waits in its process, up to `gen_max_batch`.)"""
 
     gen_max_batch: int = Field(default=64, ge=1)
     """Most candidates (rows) one generation worker runs in one coalesced batch; also the
