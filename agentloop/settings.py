@@ -87,7 +87,23 @@ class Settings(BaseSettings):
     derived from the prompt), so the queue itself is what is measured. Never for real goals."""
 
     generation_batch: int = 16
-    """Most candidates in one generation task (they run as one batch on the worker)."""
+    """Most candidates in one generation task message."""
+
+    gen_coalesce: bool = True
+    """A generation worker batches across goals: a running generation task takes the other
+    generation messages waiting in its queue and runs all their candidates as one engine
+    batch (docs/reliability.md, "Batching across goals"). Off: each message runs alone. (The
+    embedded runtime always batches what waits in its process, up to `gen_max_batch`.)"""
+
+    gen_max_batch: int = Field(default=64, ge=1)
+    """Most candidates (rows) one generation worker runs in one coalesced batch; also the
+    embedded runtime's cap. The engine cuts it into pipeline calls of `EngineConfig.max_batch`."""
+
+    gen_max_wait_ms: float = Field(default=50.0, ge=0.0)
+    """How long a generation task waits, from its start, for more messages while its queue is
+    empty and its batch not full. Every batch of a lone goal pays it; at 0 a task takes only
+    what already waits. Must be shorter than `outbox_grace_seconds` (checked at start-up):
+    the candidates of a message taken in are claimed only when the wait ends."""
 
     worker_name: str | None = None
     """Name recorded on candidates; default hostname:pid."""
@@ -193,6 +209,17 @@ class Settings(BaseSettings):
 
         if self.webhook_secret and (problem := webhook_secret_problem(self.webhook_secret)):
             raise ValueError(f"webhook_secret {problem}")
+        return self
+
+    @model_validator(mode="after")
+    def _wait_fits_outbox_grace(self) -> Settings:
+        if self.gen_coalesce and self.gen_max_wait_ms / 1000 >= self.outbox_grace_seconds:
+            raise ValueError(
+                f"gen_max_wait_ms ({self.gen_max_wait_ms:g}) must be shorter than "
+                f"outbox_grace_seconds ({self.outbox_grace_seconds:g} s): a generation task "
+                "holds the messages it takes while it waits, and the sweep would send their "
+                "candidates again"
+            )
         return self
 
     @model_validator(mode="after")

@@ -143,6 +143,8 @@ class ClusterConfig:
     beat: str = "auto"  # auto: start `celery beat` when workers.app has a schedule
     redis_url: str | None = None  # None: a private redis-server on a free port
     pg_options: str | None = None  # PGOPTIONS for the service's connections (a diagnostic)
+    noop: bool = True  # the no-op engine (False: the real models, as bench/coalesce.py uses)
+    extra_env: dict[str, str] = field(default_factory=dict)  # more settings for every process
 
 
 @dataclass
@@ -241,7 +243,8 @@ def cluster(cfg: ClusterConfig, workdir: Path, admin_url: str = PG_ADMIN_URL) ->
             "AGENTLOOP_BROKER_URL": broker,
             "AGENTLOOP_DATA_DIR": str(workdir / "data"),
             "AGENTLOOP_ARTIFACTS_DIR": str(workdir / "artifacts"),
-            "AGENTLOOP_ENGINE_NOOP": "1",
+            **({"AGENTLOOP_ENGINE_NOOP": "1"} if cfg.noop else {}),
+            **cfg.extra_env,
         }
         if cfg.generation_batch is not None:
             env["AGENTLOOP_GENERATION_BATCH"] = str(cfg.generation_batch)

@@ -21,7 +21,7 @@ def embedded_runtime(
     `sweep_interval_seconds` in a thread, and webhook deliveries are sent every
     `webhook_interval_seconds` in another.
     """
-    dispatcher = InProcessDispatcher()
+    dispatcher = InProcessDispatcher(max_coalesce=settings.gen_max_batch)
     ctx = WorkerContext(
         store=store, dispatcher=dispatcher, settings=settings,
         residency=residency or Residency.for_settings(settings),

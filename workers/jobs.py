@@ -91,9 +91,11 @@ def generate_job(ctx: WorkerContext, candidate_ids: Sequence[str]) -> list[str]:
     """Claim, generate, score and record candidates; then re-trigger the orchestrator.
 
     Idempotent by candidate id: a candidate already claimed (lease unexpired) or finished is
-    skipped. The claim's lease is renewed while the batch runs. If the batch fails, each of
-    its members is retried on its own, so one bad candidate fails alone. Returns the ids this
-    call completed.
+    skipped. The claim's lease is renewed while the batches run. The candidates may belong to
+    many goals (a worker batches across goals): first attempts run as one engine batch, and
+    each candidate on a later attempt runs in a batch of its own (`engine_batches`). If a
+    batch fails, each of its members is retried on its own, so one bad candidate fails alone.
+    Returns the ids this call completed.
     """
     s = ctx.settings
     claimed = ctx.store.claim_candidates(candidate_ids, ctx.worker_name, s.lease_seconds, s.max_attempts)
@@ -101,18 +103,29 @@ def generate_job(ctx: WorkerContext, candidate_ids: Sequence[str]) -> list[str]:
     if claimed:
         token = claimed[0].claim_token
         assert token is not None
-        with LeaseKeeper(ctx.store, token, [c.id for c in claimed], s.lease_seconds):
-            try:
-                completed = _generate_and_record(ctx, token, claimed)
-            except Exception as exc:  # noqa: BLE001 - recorded on the candidates, then retried
-                if is_transient(exc):
-                    raise  # the task retries; the leases lapse and the sweep takes them back
-                log.exception("generation failed for %d candidates", len(claimed))
-                _release(ctx, token, claimed, f"{type(exc).__name__}: {exc}")
+        with LeaseKeeper(ctx.store, token, [c.id for c in claimed], s.lease_seconds) as keeper:
+            for batch in engine_batches(claimed):
+                try:
+                    completed += _generate_and_record(ctx, token, batch)
+                except Exception as exc:  # noqa: BLE001 - recorded on the candidates, then retried
+                    if is_transient(exc):
+                        raise  # the task retries; the leases lapse and the sweep takes them back
+                    log.exception("generation failed for %d candidates", len(batch))
+                    _release(ctx, token, batch, f"{type(exc).__name__}: {exc}")
+                keeper.drop([c.id for c in batch])
     goal_ids = {c.goal_id for c in claimed} or {c.goal_id for c in ctx.store.get_candidates(candidate_ids)}
     for goal_id in sorted(goal_ids):
         ctx.dispatcher.advance_goal(goal_id)
     return completed
+
+
+def engine_batches(claimed: list[CandidateView]) -> list[list[CandidateView]]:
+    """How claimed candidates are run: every first attempt together, and each later attempt
+    alone. A candidate whose last attempt ended early may be what ended it (an exception
+    that failed its batch, or a crash that killed its worker); run again beside others it
+    would take them down with it each time, until they all ran out of attempts."""
+    first = [c for c in claimed if c.attempts <= 1]
+    return ([first] if first else []) + [[c] for c in claimed if c.attempts > 1]
 
 
 class LeaseKeeper:
@@ -122,6 +135,7 @@ class LeaseKeeper:
     def __init__(self, store: Store, token: str, ids: list[str], lease_seconds: float):
         self.store, self.token, self.ids, self.lease = store, token, ids, lease_seconds
         self._stop = threading.Event()
+        self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="agentloop-lease", daemon=True)
 
     def __enter__(self) -> LeaseKeeper:
@@ -132,16 +146,26 @@ class LeaseKeeper:
         self._stop.set()
         self._thread.join()
 
+    def drop(self, ids: list[str]) -> None:
+        """Stop renewing these (their batch has been recorded or released)."""
+        with self._lock:
+            gone = set(ids)
+            self.ids = [i for i in self.ids if i not in gone]
+
     def _run(self) -> None:
         while not self._stop.wait(self.lease / 3):
+            with self._lock:
+                ids = list(self.ids)
             try:
-                held = self.store.renew_leases(self.ids, self.token, self.lease)
+                held = self.store.renew_leases(ids, self.token, self.lease)
             except Exception:  # noqa: BLE001 - the database may be back by the next renewal
                 log.warning("could not renew leases", exc_info=True)
                 continue
-            if len(held) < len(self.ids):
-                log.warning("lost the claim on %d candidate(s)", len(self.ids) - len(held))
-            self.ids = [i for i in self.ids if i in held]
+            with self._lock:  # what was dropped meanwhile was finished, not lost
+                lost = [i for i in ids if i not in held and i in self.ids]
+                if lost:
+                    log.warning("lost the claim on %d candidate(s)", len(lost))
+                self.ids = [i for i in self.ids if i not in lost]
 
 
 def transient_errors() -> tuple[type[BaseException], ...]:

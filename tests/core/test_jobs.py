@@ -168,6 +168,54 @@ def test_a_poisoned_candidate_fails_alone_and_its_batch_neighbours_succeed(
         assert by_prompt[prompt].attempts == 2
 
 
+def test_a_poisoned_candidate_fails_alone_even_when_the_retries_come_back_together(
+    db_url: str, settings  # noqa: ANN001
+) -> None:
+    """A worker that batches across goals takes every retry it finds in one call: a batch of
+    two goals breaks on one poisoned candidate; the members, sent again one by one, are all
+    delivered together, every time. Each retry still runs in an engine batch of its own, so
+    only the poisoned one runs out of attempts."""
+    from agentloop.domain import CandidateDraft
+    from agentloop.orchestrator import submit_iteration
+
+    residency = Poisoned()
+    ctx = ctx_for(db_url, settings, residency)
+    goal_a = make_goal(ctx.store, settings, reviser="external", budget=2, steps=2)
+    goal_b = make_goal(ctx.store, settings, reviser="external", budget=2, steps=2)
+    ids = [*submit_iteration(ctx.store, goal_a, [CandidateDraft("a red circle", 1),
+                                                 CandidateDraft("poison", 2)]).dispatch,
+           *submit_iteration(ctx.store, goal_b, [CandidateDraft("a blue square", 3),
+                                                 CandidateDraft("a gold ring", 4)]).dispatch]
+    assert generate_job(ctx, ids) == []  # the batch across both goals fails once
+    for _ in range(settings.max_attempts):
+        pending, ctx.dispatcher.generations = ctx.dispatcher.generations, []
+        generate_job(ctx, [i for batch in pending for i in batch])  # coalesced
+    assert ctx.dispatcher.generations == []
+    cands = {c.prompt: c for g in (goal_a, goal_b) for c in ctx.store.list_candidates(g)}
+    assert cands["poison"].status is CandidateStatus.FAILED
+    assert cands["poison"].attempts == settings.max_attempts
+    for prompt in ("a red circle", "a blue square", "a gold ring"):
+        assert cands[prompt].status is CandidateStatus.SUCCEEDED, cands[prompt]
+        assert cands[prompt].attempts == 2 and cands[prompt].timings["batch_size"] == 1.0
+
+
+def test_first_attempts_of_several_goals_run_as_one_engine_batch(
+    db_url: str, settings, residency: Residency  # noqa: ANN001
+) -> None:
+    ctx = ctx_for(db_url, settings, residency)
+    goals = [make_goal(ctx.store, settings, goal=f"a red circle number {i}", budget=3, fanout=3,
+                       steps=2, max_iterations=1, seed=i) for i in range(3)]
+    for goal_id in goals:
+        advance_goal_job(ctx, goal_id)
+    ids = [i for batch in ctx.dispatcher.generations for i in batch]
+    assert len(ctx.dispatcher.generations) == 3 and len(ids) == 9
+    assert sorted(generate_job(ctx, ids)) == sorted(ids)
+    cands = [c for g in goals for c in ctx.store.list_candidates(g)]
+    assert {c.timings["batch_size"] for c in cands} == {9.0}
+    assert len({c.timings["generate_batch_s"] for c in cands}) == 1  # one engine call
+    assert sorted(ctx.dispatcher.advances) == sorted(goals)
+
+
 class Slow(Residency):
     """Stretches each batch (sleeping before the real engine) so leases must be renewed, and
     lets the test act while the batch runs."""

@@ -235,6 +235,8 @@ class Cluster:
     redis: RedisServer
     tmp: Path
     extra_env: dict[str, str] = field(default_factory=dict)
+    gen_app: str = "workers.app"
+    """The Celery app module generation workers load (a test may inject a fault through one)."""
     procs: dict[str, Proc] = field(default_factory=dict)
     counters: dict[str, int] = field(default_factory=dict)
 
@@ -274,7 +276,7 @@ class Cluster:
             "api": [str(BIN / "agentloop"), "serve", "--port", str(self.api_port)],
             "control": [celery, "-A", "workers.app", "worker", "-Q", "control", "-c", "2",
                         "-n", f"{name}@%h", "--loglevel", "INFO"],
-            "gen": [celery, "-A", "workers.app", "worker", "-Q", "gen.tiny-dit",
+            "gen": [celery, "-A", self.gen_app, "worker", "-Q", "gen.tiny-dit",
                     "--pool", "threads", "-c", "1", "-n", f"{name}@%h", "--loglevel", "INFO"],
             "beat": [celery, "-A", "workers.app", "beat", "-s", str(self.tmp / f"{name}-schedule"),
                      "--pidfile", str(self.tmp / f"{name}.pid"), "--loglevel", "INFO"],

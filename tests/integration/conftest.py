@@ -34,9 +34,11 @@ def postgres_server() -> Iterator[PostgresServer]:
 
 
 def make_cluster(
-    db_url: str, redis: RedisServer, tmp: Path, extra_env: dict[str, str] | None = None
+    db_url: str, redis: RedisServer, tmp: Path, extra_env: dict[str, str] | None = None,
+    gen_app: str = "workers.app",
 ) -> Iterator[Cluster]:
-    cluster = Cluster(db_url=db_url, redis=redis, tmp=tmp, extra_env=extra_env or {})
+    cluster = Cluster(db_url=db_url, redis=redis, tmp=tmp, extra_env=extra_env or {},
+                      gen_app=gen_app)
     try:
         cluster.upgrade()
         cluster.start_all()
