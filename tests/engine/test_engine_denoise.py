@@ -237,3 +237,16 @@ def test_last_step_x0_preview_is_the_final_latents(tiny: Runner) -> None:
     assert torch.allclose(steps[-1].x0(), out.latents, atol=1e-6)
     early = decode(tiny.pipe, steps[0].x0(), 32, 32)  # a preview decodes like a finished image
     assert len(early) == 2 and early[0].size == (32, 32)
+
+
+def test_a_workers_runner_keeps_its_text_cache_across_iterations(cpu_config: EngineConfig) -> None:
+    """Embedded and Celery workers hold one Residency per runtime / process: a goal's next
+    iteration gets the same runner, whose cache already holds the goal's text."""
+    from workers.residency import Residency
+
+    residency = Residency(cpu_config)
+    request = GenerationRequest("a green ring", seed=0, steps=1)
+    residency.runner("tiny-dit").generate([request])
+    runner = residency.runner("tiny-dit")
+    runner.generate([replace(request, seed=1)])
+    assert (runner.text_cache_misses, runner.text_cache_hits) == (1, 1)
