@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import time
 from dataclasses import dataclass, replace
 
@@ -178,6 +179,8 @@ def main(argv: list[str] | None = None) -> dict:
             row[f"acc_{k}"] = sum(ok) / len(ok)
             row["seconds_per_image"] += seconds / len(goals)
         rows.append(row)
+        accs = " ".join(f"{k}-obj {row[f'acc_{k}']:.3f}" for k in args.objects)
+        print(f"  {setting.label}: {accs}", file=sys.stderr, flush=True)
     elapsed = time.perf_counter() - start
     for row, ok in zip(rows, passed, strict=True):  # rows[0] is the reference
         for k in args.objects:
