@@ -39,6 +39,7 @@ from engine.defaults import model_defaults
 from engine.denoise import guided_steps
 from engine.runner import Runner
 from engine.shapes import checker, world
+from engine.shapes.evaluate import layout_of
 from engine.types import GenerationRequest
 
 DEFAULT_SWEEP = (
@@ -81,10 +82,11 @@ class Setting:
         return f"{self.steps}:{self.shift:g}:{self.cfg_truncation:g}"
 
 
-def passes_per_image(setting: Setting, guidance: float) -> int:
-    """Transformer rows one image costs: two per guided step, one per unguided step."""
+def passes_per_image(setting: Setting, guidance: float, regions: int = 1) -> int:
+    """Transformer rows one image costs: a row per region per step, plus one unconditional
+    row per guided step."""
     guided = guided_steps(setting.steps, guidance, setting.cfg_truncation)
-    return setting.steps + guided
+    return regions * setting.steps + guided
 
 
 class Sweep:
@@ -113,14 +115,20 @@ class Sweep:
         return runner
 
     def judge(
-        self, setting: Setting, goals: list[world.Goal], guidance: float, seed: int
+        self,
+        setting: Setting,
+        goals: list[world.Goal],
+        guidance: float,
+        seed: int,
+        layout: bool = False,
     ) -> tuple[list[bool], float]:
-        """Whether each goal's image passes the checker, and seconds per image."""
+        """Whether each goal's image passes the checker, and seconds per image. With
+        ``layout``, each object of a goal is drawn in its own region."""
         runner = self.runner(setting)
         requests = [
             GenerationRequest(g.text, seed=seed + i, width=world.IMAGE_SIZE,
                               height=world.IMAGE_SIZE, steps=setting.steps, guidance=guidance,
-                              model=self.model)
+                              model=self.model, regions=layout_of(g.objects) if layout else ())
             for i, g in enumerate(goals)
         ]  # fmt: skip
         start = time.perf_counter()
@@ -157,6 +165,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--max-batch", type=int, default=64)
+    ap.add_argument(
+        "--layout",
+        action="store_true",
+        help="draw two-object goals as layouts, each object in its own region (as "
+        "the search reviser plans them)",
+    )
     ap.add_argument("--quick", action="store_true", help="8 goals per kind, 5 configurations")
     ap.add_argument(
         "--time-limit",
@@ -185,10 +199,12 @@ def main(argv: list[str] | None = None) -> dict:
         row: dict = {"config": setting.label, "steps": setting.steps, "shift": setting.shift,
                      "cfg_truncation": setting.cfg_truncation,
                      "passes_per_image": passes_per_image(setting, guidance),
+                     "passes_per_layout_image": passes_per_image(setting, guidance, 2),
                      "seconds_per_image": 0.0}  # fmt: skip
         passed.append({})
         for k, kind_goals in goals.items():
-            ok, seconds = sweep.judge(setting, kind_goals, guidance, args.seed)
+            layout = args.layout and k == 2
+            ok, seconds = sweep.judge(setting, kind_goals, guidance, args.seed, layout)
             passed[-1][k] = ok
             row[f"acc_{k}"] = sum(ok) / len(ok)
             row["seconds_per_image"] += seconds / len(goals)
@@ -203,10 +219,10 @@ def main(argv: list[str] | None = None) -> dict:
             row[f"gained_{k}"] = sum(a and not b for a, b in pairs)
             row[f"lost_{k}"] = sum(b and not a for a, b in pairs)
         row["acc_mean"] = sum(row[f"acc_{k}"] for k in args.objects) / len(args.objects)
-    _print_table(rows, args.objects, n_goals, args.model, guidance, reference)
+    _print_table(rows, args.objects, n_goals, args.model, guidance, reference, args.layout)
     figures = {
         "bench": "steps", "model": args.model, "goals_per_kind": n_goals,
-        "objects": args.objects, "guidance": guidance, "seed": args.seed,
+        "objects": args.objects, "layout": args.layout, "guidance": guidance, "seed": args.seed,
         "reference": reference.label, "device": args.device, "seconds": round(elapsed, 1),
         "not_run": [s.label for s in settings[len(rows):]],
         "rows": [{k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()}
@@ -217,7 +233,13 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def _print_table(
-    rows: list[dict], objects: list[int], n: int, model: str, guidance: float, ref: Setting
+    rows: list[dict],
+    objects: list[int],
+    n: int,
+    model: str,
+    guidance: float,
+    ref: Setting,
+    layout: bool,
 ) -> None:
     se = max(math.sqrt(0.25 / n), 1e-9)
     print(f"\nChecker accuracy (all attributes and count right), {n} held-out goals per kind, "
@@ -225,7 +247,7 @@ def _print_table(
           f"(binomial s.e. at most {100 * se:.1f} points per kind)\n")  # fmt: skip
     head = f"{'steps:shift:trunc':<18}{'passes':>7}"
     for k in objects:
-        head += f"{f'{k}-obj':>8}{'Δ':>7}{'+/-':>8}"
+        head += f"{f'{k}-obj' + ('L' if layout and k == 2 else ''):>8}{'Δ':>7}{'+/-':>8}"
     head += f"{'mean':>8}{'s/img':>8}"
     print(head)
     print("-" * len(head))
@@ -236,8 +258,14 @@ def _print_table(
             line += f"{100 * r[f'acc_{k}']:>8.1f}{100 * r[f'delta_{k}']:>+7.1f}{flips:>8}"
         line += f"{100 * r['acc_mean']:>8.1f}{r['seconds_per_image']:>8.3f}"
         print(line)
+    if layout:
+        print(
+            "\n2-objL: two-object goals drawn as layouts, one region per object "
+            "(passes_per_layout_image in the JSON).",
+            end="",
+        )
     print(
-        "\npasses: transformer rows per image; Δ: points against the reference; +/-: goals "
+        "\npasses: transformer rows per plain image; Δ: points against the reference; +/-: goals "
         "that pass here and fail in the reference / the other way round (same noise)."
     )
 
