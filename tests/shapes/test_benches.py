@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -22,6 +23,7 @@ def _load(name: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
@@ -48,3 +50,18 @@ def test_layout_mix_runs(capsys: pytest.CaptureFixture[str]) -> None:
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == figures
     assert set(figures["chosen_right_by_mix"]) == {"2+0", "0+2"}
     assert all(0.0 <= v <= 1.0 for v in figures["chosen_right_by_mix"].values())
+
+
+def test_steps_runs_and_pairs_against_the_reference(capsys: pytest.CaptureFixture[str]) -> None:
+    steps = _load("steps")
+    figures = steps.main(["--goals", "2", "--configs", "2:3:1", "2:1:0.5", "--reference", "2:3:1"])
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == figures
+    ref, other = figures["rows"]
+    assert (ref["config"], other["config"]) == ("2:3:1", "2:1:0.5")
+    assert (ref["passes_per_image"], other["passes_per_image"]) == (4, 3)  # one of 2 steps guided
+    assert ref["delta_1"] == ref["gained_2"] == ref["lost_2"] == 0
+    for k in (1, 2):
+        assert 0.0 <= other[f"acc_{k}"] <= 1.0
+        assert other[f"gained_{k}"] - other[f"lost_{k}"] == round(2 * other[f"delta_{k}"])
+    with pytest.raises(SystemExit):
+        steps.main(["--configs", "0:3:1"])
