@@ -23,12 +23,14 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 from diffusers import DiffusionPipeline, FluxPipeline, StableDiffusionPipeline
 
-from engine.config import EngineConfig
+from engine.catalog import ModelSource, resolve_model
+from engine.config import EngineConfig, StepCacheSettings
 from engine.loading import load_pipeline
 from engine.regions import region_weights
 from engine.types import GenerationRequest, GenerationResult
@@ -79,7 +81,8 @@ class Runner:
     def __init__(
         self, model: str, config: EngineConfig = EngineConfig(), extra_models: Iterable[str] = ()
     ) -> None:
-        """Load ``model`` (a catalog name) and install the kernels the config asks for."""
+        """Load ``model`` (a catalog name), install the kernels the config asks for, then its
+        step cache (the order does not matter to either, see kernels.flux)."""
         self.model = model
         self.config = config
         start = time.perf_counter()
@@ -92,6 +95,8 @@ class Runner:
         self.installed_kernels: dict[str, int] = {}
         """What ``kernels.install`` patched, by kind (empty when no kernel switch is on)."""
         self._install_kernels()
+        self.step_cache = self._install_step_cache(extra_models)
+        """The step cache on the denoiser (``method`` "none" when the switch is off)."""
 
     @property
     def denoiser(self) -> torch.nn.Module:
@@ -125,6 +130,34 @@ class Runner:
             int8_attention=c.int8_attention,
         )
         self.installed_kernels = dict(counts or {})
+
+    def _install_step_cache(self, extra_models: Iterable[str]) -> Any:
+        settings = StepCacheSettings.from_config(self.config)
+        from engine.step_cache import StepCache  # lazily: imports diffusers' hooks
+
+        spec = resolve_model(self.model, tuple(extra_models))
+        folder = Path(spec.location) if spec is not None and spec.source is ModelSource.LOCAL else None
+        return StepCache(self.denoiser, settings, folder)
+
+    def _step_cache_prepare(self, steps: int) -> dict[str, Any]:
+        """Clear the step cache for a new batch; returns counters to diff after it."""
+        self.step_cache.prepare(steps)
+        rows = self.step_cache.row_cache
+        return dict(vars(rows.counters)) if rows is not None else {}
+
+    def _step_cache_report(self, before: dict[str, Any]) -> dict[str, Any]:
+        """What the step cache skipped in one batch (``GenerationResult.skipped``)."""
+        method = self.step_cache.settings.method
+        if method == "none":
+            return {}
+        report: dict[str, Any] = {"step_cache": method}
+        rows = self.step_cache.row_cache
+        if rows is not None and before:
+            after = vars(rows.counters)
+            seen = after["rows"] - before["rows"]
+            skipped = after["rows_skipped"] - before["rows_skipped"]
+            report["step_cache_skipped_share"] = skipped / seen if seen else 0.0
+        return report
 
     def validate(self, request: GenerationRequest) -> None:
         """Raise ValueError if this runner cannot serve ``request``."""
@@ -195,6 +228,7 @@ class Runner:
             kwargs["latents"] = self._initial_noise(
                 batch, generators, self._noise_dtype(text_kwargs)
             )
+        counters = self._step_cache_prepare(first.steps)
         images = self.pipe(
             height=first.height,
             width=first.width,
@@ -206,8 +240,10 @@ class Runner:
         denoise_s = time.perf_counter() - start
         n = len(batch)
         timings = {"encode_s": encode_s / n, "denoise_s": denoise_s / n, "batch_size": float(n)}
+        skipped = self._step_cache_report(counters)
         return [
-            GenerationResult(r, img, dict(timings)) for r, img in zip(batch, images, strict=True)
+            GenerationResult(r, img, dict(timings), dict(skipped))
+            for r, img in zip(batch, images, strict=True)
         ]
 
     def _run_layout_batch(self, batch: list[GenerationRequest]) -> list[GenerationResult]:
@@ -235,6 +271,7 @@ class Runner:
             mixed = (per_request * weights.to(latents.dtype)).sum(dim=1)
             return {"latents": mixed.repeat_interleave(k, dim=0)}
 
+        counters = self._step_cache_prepare(first.steps)
         latents = self.pipe(
             height=first.height,
             width=first.width,
@@ -252,8 +289,10 @@ class Runner:
             "encode_s": encode_s / n, "denoise_s": denoise_s / n, "batch_size": float(n),
             "regions": float(k),
         }
+        skipped = self._step_cache_report(counters)
         return [
-            GenerationResult(r, img, dict(timings)) for r, img in zip(batch, images, strict=True)
+            GenerationResult(r, img, dict(timings), dict(skipped))
+            for r, img in zip(batch, images, strict=True)
         ]
 
     def _decode_flux(self, latents: torch.Tensor, height: int, width: int) -> list[Any]:
