@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -22,6 +23,7 @@ def _load(name: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
@@ -48,3 +50,19 @@ def test_layout_mix_runs(capsys: pytest.CaptureFixture[str]) -> None:
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == figures
     assert set(figures["chosen_right_by_mix"]) == {"2+0", "0+2"}
     assert all(0.0 <= v <= 1.0 for v in figures["chosen_right_by_mix"].values())
+
+
+def test_engine_bench_runs_every_row(capsys: pytest.CaptureFixture[str]) -> None:
+    figures = _load("engine").main(
+        ["--goals", "2", "--repeats", "1", "--steps", "3", "--batch", "2", "--caches", "first_block 0.1"]
+    )
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == figures
+    rows = figures["rows"]
+    assert {"vanilla", "diffusers first_block 0.1", "runner (all off)", "runner + step cache",
+            "runner, all on"} <= set(rows)  # fmt: skip
+    assert rows["vanilla"]["speedup"] == 1.0 and rows["vanilla"]["work"] == 1.0
+    assert rows["vanilla"]["calls_per_image"] == 3 * 2 / 2  # 3 steps x (cond, uncond), 2 images a call
+    assert rows["runner (all off)"]["psnr_db"] >= 40  # the same images as vanilla, to rounding
+    for row in rows.values():
+        assert row["images_per_s"] > 0 and 0 <= row["accuracy"] <= 1 and 0 <= row["clip_score"] <= 2.5
+    assert figures["targets"]["diffusers_best"] in (None, "diffusers first_block 0.1")
