@@ -1,9 +1,14 @@
-"""Request batching and the text-embedding cache, against the unoptimized runner on the same model.
+"""Request batching, the text-embedding cache and the own denoising loop, against the unoptimized
+runner on the same model.
 
-For each model, the same requests run one at a time (batching off, no cache), batched, and
-batched with the text-embedding cache; the table shows seconds per image after a warm-up,
+For each model, the same requests (guidance 3, so two guidance branches) run one at a time
+through the stock pipeline call (batching off, no cache), batched, batched with the
+text-embedding cache, and with the runner's own loop on top (one transformer call per step
+for both branches; Flux models only, the others run the stock call whatever the switch);
+the table shows seconds per image after a warm-up,
 the speed-up, and the quality cost as PSNR and max pixel difference against the
-unoptimized images (batching and the cache should change nothing: inf dB).
+unoptimized images (batching and the cache should change nothing: inf dB; the own loop
+float rounding at most). Guidance truncation stays off (``cfg_truncation`` 1.0) in every row.
 
     python bench/engine_batching.py --models tiny-dit tiny-unet --n 16 --steps 10
 
@@ -47,7 +52,7 @@ def _timed(runner: Runner, requests: list[GenerationRequest]) -> tuple[float, li
 
 
 def bench_model(model: str, base: EngineConfig, n: int, steps: int, size: int) -> list[dict]:
-    """Rows for one model: unoptimized, batched, batched + text cache."""
+    """Rows for one model: unoptimized, batched, batched + text cache, + own loop."""
     prompts = [f"a {c} {s}" for c in ("red", "blue", "green", "gold") for s in ("circle", "ring")]
     requests = [
         GenerationRequest(prompts[i % len(prompts)], seed=i, width=size, height=size,
@@ -55,9 +60,10 @@ def bench_model(model: str, base: EngineConfig, n: int, steps: int, size: int) -
         for i in range(n)
     ]  # fmt: skip
     variants = {
-        "unoptimized": replace(base, batching=False, text_embedding_cache=False),
-        "batched": replace(base, batching=True),
-        "batched+text_cache": replace(base, batching=True, text_embedding_cache=True),
+        "unoptimized": replace(base, batching=False, text_embedding_cache=False, own_loop=False),
+        "batched": replace(base, batching=True, text_embedding_cache=False, own_loop=False),
+        "batched+text_cache": replace(base, batching=True, text_embedding_cache=True, own_loop=False),
+        "+own_loop": replace(base, batching=True, text_embedding_cache=True, own_loop=True),
     }
     rows, reference = [], None
     for name, config in variants.items():
@@ -82,7 +88,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-batch", type=int, default=16)
     ap.add_argument("--device", default="auto")
     args = ap.parse_args(argv)
-    base = EngineConfig(device=args.device, max_batch=args.max_batch)
+    base = EngineConfig(device=args.device, max_batch=args.max_batch, cfg_truncation=1.0)
     rows = [r for m in args.models for r in bench_model(m, base, args.n, args.steps, args.size)]
     print(f"device {base.resolved_device()}, {args.n} requests, {args.steps} steps, {args.size}px")
     print(

@@ -36,19 +36,19 @@ from engine.types import GenerationRequest
 class ResidualProbe:
     """Torch forward hooks on the first and last block that collect per-step magnitude ratios.
 
-    Calls are numbered within a generation; with classifier-free guidance the stock pipeline
-    calls the transformer ``passes`` times per step (conditional, then unconditional), and each
-    pass is compared with the same pass one step earlier.
+    The per-token residual norms of every transformer call of a generation are kept; at its
+    end the calls are split evenly over the steps (the stock pipeline calls the transformer
+    twice per step under classifier-free guidance, conditional then unconditional; the own
+    loop once, on both row sets), and each call is compared with the same call one step
+    earlier.
     """
 
-    def __init__(self, transformer: torch.nn.Module, passes: int) -> None:
+    def __init__(self, transformer: torch.nn.Module) -> None:
         blocks = _blocks(transformer)
         if len(blocks) < 2:
             raise TypeError(f"{type(transformer).__name__} has fewer than two transformer blocks")
-        self.passes = passes
-        self.calls = 0
         self._input: torch.Tensor | None = None
-        self._previous: dict[int, torch.Tensor] = {}
+        self._norms: list[torch.Tensor] = []
         self.ratios: dict[int, list[float]] = {}
         self._handles = [
             blocks[0].register_forward_pre_hook(self._pre, with_kwargs=True),
@@ -61,19 +61,18 @@ class ResidualProbe:
     def _post(self, _module: torch.nn.Module, _args: tuple, output: Any) -> None:
         assert self._input is not None
         hidden = output[1] if isinstance(output, tuple) else output  # Flux blocks: (encoder, hidden)
-        residual = (hidden - self._input).float()
-        step, slot = divmod(self.calls, self.passes)
-        previous = self._previous.get(slot)
-        if previous is not None and previous.shape == residual.shape:
-            norm = torch.linalg.norm(residual, dim=-1)
-            ratio = (norm / (torch.linalg.norm(previous, dim=-1) + 1e-8)).mean().item()
-            self.ratios.setdefault(step, []).append(ratio)
-        self._previous[slot] = residual
-        self.calls += 1
+        self._norms.append(torch.linalg.norm((hidden - self._input).float(), dim=-1))
 
-    def new_generation(self) -> None:
-        self.calls = 0
-        self._previous.clear()
+    def end_generation(self, steps: int) -> None:
+        """File the generation's calls under their steps."""
+        calls, self._norms = self._norms, []
+        if len(calls) % steps:
+            raise RuntimeError(f"{len(calls)} transformer calls do not split over {steps} steps")
+        passes = len(calls) // steps
+        for k in range(passes, len(calls)):
+            now, before = calls[k], calls[k - passes]
+            if now.shape == before.shape:
+                self.ratios.setdefault(k // passes, []).append((now / (before + 1e-8)).mean().item())
 
     def mean_ratios(self, steps: int) -> list[float]:
         return [1.0] + [sum(self.ratios[s]) / len(self.ratios[s]) for s in range(1, steps)]
@@ -105,8 +104,7 @@ def calibrate(
     guidance = float(guidance if guidance is not None else defaults["guidance"])
     size = int(size or defaults["size"])
     runner = Runner(model, config or EngineConfig(max_batch=len(prompts)))
-    passes = 2 if guidance > 1.0 and not getattr(runner.denoiser.config, "guidance_embeds", False) else 1
-    probe = ResidualProbe(runner.denoiser, passes)
+    probe = ResidualProbe(runner.denoiser)
     requests = [
         GenerationRequest(p, seed=seed + i, width=size, height=size, steps=steps,
                           guidance=guidance, model=model)
@@ -114,8 +112,8 @@ def calibrate(
     ]  # fmt: skip
     try:
         for batch in runner._batches(requests):
-            probe.new_generation()
             runner.generate([requests[i] for i in batch])
+            probe.end_generation(steps)
     finally:
         probe.remove()
     return {

@@ -93,8 +93,21 @@ class EngineConfig:
     max_batch: int = 16
     """Largest batch handed to the pipeline at once."""
 
-    text_embedding_cache: bool = False
-    """Reuse prompt embeddings across calls (keyed by prompt text)."""
+    text_embedding_cache: bool = True
+    """Reuse prompt embeddings across calls (keyed by prompt text; the runner lives as long as
+    its worker keeps the model, so a goal's later iterations find their texts). Texts not in
+    the cache are encoded together, one encoder call per batch. Exact: same embeddings."""
+
+    own_loop: bool = True
+    """Denoise Flux pipelines with the runner's own loop (``engine.denoise``): the prompts'
+    and the negatives' rows in one transformer call per step. Off: the stock pipeline call
+    (two calls per step under classifier-free guidance). Same images to float rounding
+    (PSNR >= 60 dB). Other pipelines always run the stock call."""
+
+    cfg_truncation: float = 1.0
+    """Fraction of the steps, from the first, that run classifier-free guidance; later steps
+    drop the negative prompt's rows and predict from the prompt alone. 1.0: guidance on every
+    step. Applies to the own loop (Flux); the stock pipeline call always guides every step."""
 
     fused_adaln: bool = False
     """Route DiT adaptive LayerNorm (+ modulation, gated residual) through kernels' dispatcher."""
@@ -134,6 +147,9 @@ class EngineConfig:
     or ~/.cache/agentloop."""
 
     def __post_init__(self) -> None:
+        value = self.cfg_truncation
+        if not (isinstance(value, int | float) and math.isfinite(value) and 0 <= value <= 1):
+            raise ValueError(f"cfg_truncation {value!r} is not a number in [0, 1]")
         StepCacheSettings.from_config(self)  # a bad step-cache switch fails here, clearly
 
     def resolved_cache_dir(self) -> Path:

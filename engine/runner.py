@@ -14,6 +14,15 @@ request's own noise; after each step the rows are blended by ``engine.regions`` 
 each region's prompt draws the area nearest its anchor. Layouts run on Flux pipelines, whose
 flow-matching Euler step is linear in the model output (so blending after the step is
 blending the predictions).
+
+Flux pipelines run the runner's own loop (``engine.denoise``, ``EngineConfig.own_loop``):
+the same noise, timesteps and Euler steps as the stock pipeline call, with the prompts' and
+the negatives' rows in one transformer call per step, and optionally no negative rows in the
+late steps (``EngineConfig.cfg_truncation``). With ``own_loop`` off, or for other pipelines,
+the stock pipeline call runs (layouts through its step-end callback).
+
+Prompt embeddings are cached by text (``EngineConfig.text_embedding_cache``); the texts a
+batch misses are encoded in one call.
 """
 
 from __future__ import annotations
@@ -31,12 +40,16 @@ from diffusers import DiffusionPipeline, FluxPipeline, StableDiffusionPipeline
 
 from engine.catalog import ModelSource, resolve_model
 from engine.config import EngineConfig, StepCacheSettings
+from engine.denoise import DenoiseBatch, FluxDenoiseLoop, decode, guided_steps
 from engine.loading import load_pipeline
 from engine.regions import region_weights
 from engine.types import GenerationRequest, GenerationResult
 
 TEXT_CACHE_SIZE = 4096
 """Most texts whose embeddings the runner keeps (least recently used are dropped)."""
+
+TEXT_CACHE_BYTES = 512 * 2**20
+"""Most memory the kept embeddings may take (a large model's T5 states are MBs per text)."""
 
 _VARIATION_PIPELINES = (FluxPipeline, StableDiffusionPipeline)
 """Pipelines whose initial noise the runner knows how to draw (and so to vary)."""
@@ -74,6 +87,12 @@ class _TextEmbedding:
     hidden: torch.Tensor
     pooled: torch.Tensor | None = None
 
+    @property
+    def nbytes(self) -> int:
+        """Memory the tensors hold."""
+        pooled = 0 if self.pooled is None else self.pooled.numel() * self.pooled.element_size()
+        return self.hidden.numel() * self.hidden.element_size() + pooled
+
 
 class Runner:
     """One model kept warm; generates batches of requests for it."""
@@ -90,6 +109,7 @@ class Runner:
         self.load_seconds = time.perf_counter() - start
         self._unbilled_load = self.load_seconds
         self._text_cache: OrderedDict[str, _TextEmbedding] = OrderedDict()
+        self._text_cache_bytes = 0
         self.text_cache_hits = 0
         self.text_cache_misses = 0
         self.installed_kernels: dict[str, int] = {}
@@ -97,6 +117,11 @@ class Runner:
         self._install_kernels()
         self.step_cache = self._install_step_cache(extra_models)
         """The step cache on the denoiser (``method`` "none" when the switch is off)."""
+        self._loop: FluxDenoiseLoop | None = None
+        """The runner's own denoising loop, where ``config.own_loop`` is on and the pipeline
+        is a FluxPipeline; None: the stock pipeline call."""
+        if config.own_loop and isinstance(self.pipe, FluxPipeline):
+            self._loop = FluxDenoiseLoop(self.pipe, config.cfg_truncation)
 
     @property
     def denoiser(self) -> torch.nn.Module:
@@ -213,6 +238,8 @@ class Runner:
     def _run_batch(self, batch: list[GenerationRequest]) -> list[GenerationResult]:
         """One pipeline call for requests that share a batch key."""
         first = batch[0]
+        if self._loop is not None:
+            return self._run_own_loop(batch)
         if first.regions:
             return self._run_layout_batch(batch)
         start = time.perf_counter()
@@ -282,7 +309,7 @@ class Runner:
             callback_on_step_end_tensor_inputs=["latents"],
             **(self._call_kwargs(first) | text_kwargs),
         ).images[::k]
-        images = self._decode_flux(latents, first.height, first.width)
+        images = decode(self.pipe, latents, first.height, first.width)
         denoise_s = time.perf_counter() - start
         n = len(batch)
         timings = {
@@ -295,14 +322,82 @@ class Runner:
             for r, img in zip(batch, images, strict=True)
         ]
 
-    def _decode_flux(self, latents: torch.Tensor, height: int, width: int) -> list[Any]:
-        """Packed Flux latents to PIL images, as the pipeline's own last step does."""
-        pipe = self.pipe
-        with torch.no_grad():
-            unpacked = pipe._unpack_latents(latents, height, width, pipe.vae_scale_factor)
-            unpacked = unpacked / pipe.vae.config.scaling_factor + pipe.vae.config.shift_factor
-            image = pipe.vae.decode(unpacked.to(pipe.vae.device, pipe.vae.dtype), return_dict=False)[0]
-        return list(pipe.image_processor.postprocess(image, output_type="pil"))
+    def _run_own_loop(self, batch: list[GenerationRequest]) -> list[GenerationResult]:
+        """One batch through the runner's own loop (``engine.denoise``): plain requests,
+        variations and layouts alike, one transformer call per step."""
+        assert self._loop is not None
+        first = batch[0]
+        start = time.perf_counter()
+        state = self.denoise_batch(batch)
+        encode_s = time.perf_counter() - start
+        start = time.perf_counter()
+        counters = self._step_cache_prepare(first.steps)
+        latents = self._loop.run(state, first.steps).latents
+        images = decode(self.pipe, latents, first.height, first.width)
+        denoise_s = time.perf_counter() - start
+        n = len(batch)
+        timings = {"encode_s": encode_s / n, "denoise_s": denoise_s / n, "batch_size": float(n)}
+        if first.regions:
+            timings["regions"] = float(first.denoiser_passes)
+        skipped: dict[str, Any] = self._step_cache_report(counters)
+        guided = self._guided_steps(first)
+        if 0 < guided < first.steps:
+            skipped["unconditional_steps"] = first.steps - guided
+        return [
+            GenerationResult(r, img, dict(timings), dict(skipped))
+            for r, img in zip(batch, images, strict=True)
+        ]
+
+    def _guided_steps(self, request: GenerationRequest) -> int:
+        """Steps of ``request`` that run the unconditional rows in the own loop."""
+        if self._loop is None or self.pipe.transformer.config.guidance_embeds:
+            return 0
+        return guided_steps(request.steps, request.guidance, self._loop.cfg_truncation)
+
+    def denoise_batch(self, batch: Sequence[GenerationRequest]) -> DenoiseBatch:
+        """The own loop's starting state for requests that share a batch key: their text rows
+        (from the cache, misses encoded in one call) and initial noise (drawn as the stock
+        pipeline draws it, variations blended in), plus region weights for layouts."""
+        first, k = batch[0], batch[0].denoiser_passes
+        if self._loop is None:
+            raise RuntimeError(f"{type(self.pipe).__name__} does not run the own loop here")
+        if first.regions:
+            prompts = [region.prompt for r in batch for region in r.regions]
+        else:
+            prompts = [r.prompt for r in batch]
+        negatives = [r.negative_prompt for r in batch] if self._guided_steps(first) else []
+        embeddings = self._embed_many(prompts + negatives)
+        cond, uncond = embeddings[: len(prompts)], embeddings[len(prompts) :]
+        hidden = torch.cat([e.hidden for e in cond])
+        device, dtype = hidden.device, hidden.dtype
+        generators = [torch.Generator("cpu").manual_seed(r.seed) for r in batch]
+        noise = self._initial_noise(list(batch), generators, dtype).to(device)
+        weights = None
+        if first.regions:
+            _, height, width = self._noise_shape(first)
+            rows, cols = height // 2, width // 2  # Flux packs 2x2 latent patches into one token
+            weights = torch.stack([region_weights(r.regions, rows, cols) for r in batch])
+            weights = weights.reshape(len(batch), k, rows * cols, 1).to(device, dtype)
+
+        def pooled(embeddings: list[_TextEmbedding]) -> torch.Tensor:
+            return torch.cat([e.pooled for e in embeddings if e.pooled is not None])
+
+        return DenoiseBatch(
+            latents=noise,
+            cond_hidden=hidden,
+            cond_pooled=pooled(cond),
+            uncond_hidden=torch.cat([e.hidden for e in uncond]) if uncond else None,
+            uncond_pooled=pooled(uncond) if uncond else None,
+            text_ids=torch.zeros(hidden.shape[1], 3, device=device, dtype=dtype),
+            image_ids=self._loop.image_ids(first.height, first.width, dtype),
+            guidance=first.guidance,
+            weights=weights,
+        )
+
+    @property
+    def loop(self) -> FluxDenoiseLoop | None:
+        """The own denoising loop (None where the stock pipeline call runs)."""
+        return self._loop
 
     def _initial_noise(
         self, batch: list[GenerationRequest], generators: list[torch.Generator], dtype: torch.dtype
@@ -374,11 +469,10 @@ class Runner:
             if cfg:
                 kwargs["negative_prompt"] = negative_prompts
             return kwargs
-        positive = [self._embed(p) for p in prompts]
-        kwargs = self._embedding_kwargs("", positive)
+        embeddings = self._embed_many(prompts + (negative_prompts if cfg else []))
+        kwargs = self._embedding_kwargs("", embeddings[: len(prompts)])
         if cfg:
-            negative = [self._embed(p) for p in negative_prompts]
-            kwargs |= self._embedding_kwargs("negative_", negative)
+            kwargs |= self._embedding_kwargs("negative_", embeddings[len(prompts) :])
         return kwargs
 
     @staticmethod
@@ -389,29 +483,55 @@ class Runner:
             kwargs[f"{prefix}pooled_prompt_embeds"] = torch.cat(pooled)
         return kwargs
 
-    def _embed(self, text: str) -> _TextEmbedding:
-        """One text's embeddings, from the cache or the pipeline's own ``encode_prompt``."""
-        cached = self._text_cache.get(text)
-        if cached is not None:
-            self._text_cache.move_to_end(text)
-            self.text_cache_hits += 1
-            return cached
-        self.text_cache_misses += 1
+    def _embed_many(self, texts: list[str]) -> list[_TextEmbedding]:
+        """Each text's embeddings, in order: from the cache where it has them (when
+        ``text_embedding_cache`` is on), the rest encoded together in one batched call."""
+        use_cache = self.config.text_embedding_cache
+        found: dict[str, _TextEmbedding | None] = {}
+        for text in texts:
+            if text in found:
+                continue
+            cached = self._text_cache.get(text) if use_cache else None
+            if cached is not None:
+                self._text_cache.move_to_end(text)
+            found[text] = cached
+        misses = [text for text, e in found.items() if e is None]
+        if misses:
+            for text, embedding in zip(misses, self._encode(misses), strict=True):
+                found[text] = embedding
+                if use_cache:
+                    self._remember(text, embedding)
+        if use_cache:
+            self.text_cache_misses += len(misses)
+            self.text_cache_hits += len(texts) - len(misses)
+        return [found[text] for text in texts]  # type: ignore[misc]
+
+    def _encode(self, texts: list[str]) -> list[_TextEmbedding]:
+        """One call to the pipeline's own ``encode_prompt`` for all ``texts``; one embedding
+        (batch dimension 1) per text."""
         device = self.pipe._execution_device
         with torch.no_grad():
             if isinstance(self.pipe, FluxPipeline):
                 hidden, pooled, _ = self.pipe.encode_prompt(
-                    prompt=text,
+                    prompt=texts,
                     prompt_2=None,
                     device=device,
                     num_images_per_prompt=1,
                     max_sequence_length=self._flux_max_sequence_length(),
                 )
-                embedding = _TextEmbedding(hidden, pooled)
-            else:
-                hidden, _ = self.pipe.encode_prompt(text, device, 1, False)
-                embedding = _TextEmbedding(hidden)
+                return [
+                    _TextEmbedding(hidden[i : i + 1].clone(), pooled[i : i + 1].clone())
+                    for i in range(len(texts))
+                ]
+            hidden, _ = self.pipe.encode_prompt(texts, device, 1, False)
+            return [_TextEmbedding(hidden[i : i + 1].clone()) for i in range(len(texts))]
+
+    def _remember(self, text: str, embedding: _TextEmbedding) -> None:
+        """Keep ``embedding``, dropping the least recently used past the cache's limits."""
         self._text_cache[text] = embedding
-        if len(self._text_cache) > TEXT_CACHE_SIZE:
-            self._text_cache.popitem(last=False)
-        return embedding
+        self._text_cache_bytes += embedding.nbytes
+        while len(self._text_cache) > 1 and (
+            len(self._text_cache) > TEXT_CACHE_SIZE or self._text_cache_bytes > TEXT_CACHE_BYTES
+        ):
+            _, dropped = self._text_cache.popitem(last=False)
+            self._text_cache_bytes -= dropped.nbytes

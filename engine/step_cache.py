@@ -49,7 +49,7 @@ from diffusers.hooks.hooks import BaseState, CacheContext, StateManager
 from engine.config import MAGCACHE_FILE, STEP_CACHES, StepCacheSettings
 
 __all__ = [
-    "STEP_CACHES", "RowCacheHeadHook", "StepCache", "StepCacheSettings", "apply_row_cache",
+    "STEP_CACHES", "RowCacheHeadHook", "StepCache", "StepCacheSettings", "apply_row_cache", "has_row_cache",
     "load_mag_ratios", "magcache_path", "remove_row_cache", "select_rows",
 ]
 
@@ -363,6 +363,13 @@ def remove_row_cache(transformer: torch.nn.Module) -> None:
     registry.remove_hook(_HEAD_HOOK, recurse=True)
     registry.remove_hook(_BLOCK_HOOK, recurse=True)
     registry.invalidate_child_registries_cache()
+
+
+def has_row_cache(transformer: torch.nn.Module) -> bool:
+    """Whether :func:`apply_row_cache` is installed on ``transformer``."""
+    blocks = _blocks(transformer)
+    registry = getattr(blocks[0], "_diffusers_hook", None) if blocks else None
+    return registry is not None and registry.get_hook(_HEAD_HOOK) is not None
 
 
 def select_rows(transformer: torch.nn.Module, index: torch.Tensor | list[int]) -> None:

@@ -378,3 +378,29 @@ def test_shapes_default_row_cache_skips_and_stays_close() -> None:
         for a, b in zip(cached, plain, strict=True)
     )
     assert worst >= SHAPES_PSNR_DB, worst
+
+
+def test_own_loop_truncation_keeps_the_conditional_rows_state(cpu_config: EngineConfig) -> None:
+    """The own loop drops the trailing unconditional rows after the guided steps; the per-row
+    cache keeps the conditional rows' state through that (no restart, skips go on)."""
+    from dataclasses import replace
+
+    if not hasattr(cpu_config, "own_loop"):
+        pytest.skip("this build has no own denoise loop")
+    config = replace(cpu_config, own_loop=True, cfg_truncation=0.5, step_cache="agentloop",
+                     step_cache_threshold=5.0, step_cache_warmup=1)  # fmt: skip
+    runner = Runner("tiny-dit", config)
+    heads: list[int] = []
+    _blocks(runner.denoiser)[0].attn.to_q.register_forward_pre_hook(
+        lambda _m, args: heads.append(int(args[0].shape[0]))
+    )
+    requests = [
+        GenerationRequest(p, seed=i, width=32, height=32, steps=8, guidance=3.0, model="tiny-dit")
+        for i, p in enumerate(["a red circle", "a blue ring"])
+    ]
+    runner.generate(requests)
+    assert heads == [4] * 4 + [2] * 4  # one call per step: 2 + 2 rows, then the 2 prompts only
+    counters = runner.step_cache.row_cache.counters
+    assert counters.restarts == 0
+    # compute (warm-up), skip, skip, compute (cap) | skip, skip, compute (cap), skip
+    assert counters.rows_skipped == 4 + 4 + 2 + 2 + 2 and counters.calls_skipped == 5

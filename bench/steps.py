@@ -1,0 +1,228 @@
+"""Checker accuracy against denoising steps, scheduler shift and guidance truncation.
+
+For each configuration (steps, shift, cfg_truncation), one image per held-out goal
+(``engine.shapes.world.heldout_goals``, canonical plain-text goals, one-object and
+two-object) is generated through the engine's runner (own loop, true CFG against the empty
+prompt at the model's guidance, noise seed = seed + goal index, the same seeds for every
+configuration), and the exact checker (``engine.shapes.checker``) says whether every
+requested attribute and the object count hold. The table gives accuracy per goal kind, the
+change against the reference configuration (the model's shipped defaults unless
+``--reference`` says otherwise) with the goals that flipped each way (paired: same goals,
+same noise), the denoiser passes per image (transformer rows: two per guided step, one per
+unguided step) and seconds per image on this machine.
+
+    python bench/steps.py                       # the default sweep (below)
+    python bench/steps.py --quick               # 8 goals per kind, a few configurations
+    python bench/steps.py --configs 12:2:1 12:2:0.75 --goals 100
+
+A configuration is ``steps:shift:cfg_truncation``. The default sweep: steps 4, 6, 8, 10,
+12, 16, 20 at shift 3; shifts 1, 2, 5 at 8 and 12 steps; truncation 0.75 and 0.5 at 12 and
+20 steps (guidance on every step elsewhere). The last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from dataclasses import dataclass, replace
+
+import torch
+from diffusers import FlowMatchEulerDiscreteScheduler
+
+from engine.config import EngineConfig
+from engine.defaults import model_defaults
+from engine.denoise import guided_steps
+from engine.runner import Runner
+from engine.shapes import checker, world
+from engine.types import GenerationRequest
+
+DEFAULT_SWEEP = (
+    [(s, 3.0, 1.0) for s in (4, 6, 8, 10, 12, 16, 20)]
+    + [(s, shift, 1.0) for shift in (1.0, 2.0, 5.0) for s in (8, 12)]
+    + [(s, 3.0, t) for t in (0.75, 0.5) for s in (12, 20)]
+)
+QUICK_SWEEP = [(4, 3.0, 1.0), (8, 3.0, 1.0), (20, 3.0, 1.0), (8, 1.0, 1.0), (20, 3.0, 0.5)]
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One configuration of the sampler."""
+
+    steps: int
+    shift: float
+    cfg_truncation: float
+
+    @classmethod
+    def parse(cls, text: str) -> Setting:
+        """``steps:shift:cfg_truncation``, e.g. ``12:2:0.75``."""
+        try:
+            steps, shift, truncation = text.split(":")
+            setting = cls(int(steps), float(shift), float(truncation))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not steps:shift:cfg_truncation (e.g. 12:2:0.75)"
+            ) from None
+        if setting.steps < 1 or not setting.shift > 0 or not 0 <= setting.cfg_truncation <= 1:
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: steps >= 1, shift > 0, truncation in [0, 1]"
+            )
+        return setting
+
+    @property
+    def label(self) -> str:
+        return f"{self.steps}:{self.shift:g}:{self.cfg_truncation:g}"
+
+
+def passes_per_image(setting: Setting, guidance: float) -> int:
+    """Transformer rows one image costs: two per guided step, one per unguided step."""
+    guided = guided_steps(setting.steps, guidance, setting.cfg_truncation)
+    return setting.steps + guided
+
+
+class Sweep:
+    """One runner per truncation value, the scheduler's shift set per configuration."""
+
+    def __init__(self, model: str, config: EngineConfig) -> None:
+        self.model, self.config = model, config
+        self.runners: dict[float, Runner] = {}
+        self.scheduler_config = self._load(1.0).pipe.scheduler.config
+        """The model's shipped scheduler configuration (shift and all)."""
+
+    def _load(self, truncation: float) -> Runner:
+        if truncation not in self.runners:
+            config = replace(self.config, cfg_truncation=truncation)
+            self.runners[truncation] = Runner(self.model, config)
+        return self.runners[truncation]
+
+    def runner(self, setting: Setting) -> Runner:
+        """The runner for ``setting``'s truncation, its scheduler set to ``setting``'s shift."""
+        runner = self._load(setting.cfg_truncation)
+        if self.scheduler_config.get("_class_name") != "FlowMatchEulerDiscreteScheduler":
+            raise TypeError(f"{self.model} does not use a flow-matching Euler scheduler")
+        runner.pipe.scheduler = FlowMatchEulerDiscreteScheduler.from_config(
+            self.scheduler_config, shift=setting.shift
+        )
+        return runner
+
+    def judge(
+        self, setting: Setting, goals: list[world.Goal], guidance: float, seed: int
+    ) -> tuple[list[bool], float]:
+        """Whether each goal's image passes the checker, and seconds per image."""
+        runner = self.runner(setting)
+        requests = [
+            GenerationRequest(g.text, seed=seed + i, width=world.IMAGE_SIZE,
+                              height=world.IMAGE_SIZE, steps=setting.steps, guidance=guidance,
+                              model=self.model)
+            for i, g in enumerate(goals)
+        ]  # fmt: skip
+        start = time.perf_counter()
+        results = runner.generate(requests)
+        seconds = (time.perf_counter() - start) / len(goals)
+        ok = [checker.check(r.image, g.objects).all_ok for r, g in zip(results, goals, strict=True)]
+        return ok, seconds
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Run the sweep, print a table, then one JSON line."""
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--model", default="shapes")
+    ap.add_argument("--goals", type=int, default=100, help="held-out goals per kind")
+    ap.add_argument("--objects", type=int, nargs="+", default=[1, 2], choices=[1, 2])
+    ap.add_argument(
+        "--configs",
+        type=Setting.parse,
+        nargs="+",
+        default=None,
+        help="steps:shift:cfg_truncation ... (default: the sweep above)",
+    )
+    ap.add_argument(
+        "--reference",
+        type=Setting.parse,
+        default=None,
+        help="configuration the others are compared with (default: the model's "
+        "shipped steps and shift, truncation 1)",
+    )
+    ap.add_argument("--guidance", type=float, default=None, help="default: the model's")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--max-batch", type=int, default=64)
+    ap.add_argument("--quick", action="store_true", help="8 goals per kind, 5 configurations")
+    args = ap.parse_args(argv)  # fmt: skip
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    defaults = model_defaults(args.model)
+    guidance = float(args.guidance if args.guidance is not None else defaults["guidance"])
+    sweep = Sweep(args.model, EngineConfig(device=args.device, max_batch=args.max_batch))
+    shipped_shift = float(sweep.scheduler_config["shift"])
+    reference = args.reference or Setting(int(defaults["steps"]), shipped_shift, 1.0)
+    n_goals = 8 if args.quick else args.goals
+    settings = [Setting(*c) for c in QUICK_SWEEP] if args.quick else None
+    settings = args.configs or settings or [Setting(*c) for c in DEFAULT_SWEEP]
+    settings = [reference] + [s for s in dict.fromkeys(settings) if s != reference]
+    goals = {k: world.heldout_goals(n_goals, objects=k, seed=args.seed + k) for k in args.objects}
+    rows, passed, start = [], [], time.perf_counter()
+    for setting in settings:
+        row: dict = {"config": setting.label, "steps": setting.steps, "shift": setting.shift,
+                     "cfg_truncation": setting.cfg_truncation,
+                     "passes_per_image": passes_per_image(setting, guidance),
+                     "seconds_per_image": 0.0}  # fmt: skip
+        passed.append({})
+        for k, kind_goals in goals.items():
+            ok, seconds = sweep.judge(setting, kind_goals, guidance, args.seed)
+            passed[-1][k] = ok
+            row[f"acc_{k}"] = sum(ok) / len(ok)
+            row["seconds_per_image"] += seconds / len(goals)
+        rows.append(row)
+    elapsed = time.perf_counter() - start
+    for row, ok in zip(rows, passed, strict=True):  # rows[0] is the reference
+        for k in args.objects:
+            pairs = list(zip(ok[k], passed[0][k], strict=True))
+            row[f"delta_{k}"] = row[f"acc_{k}"] - rows[0][f"acc_{k}"]
+            row[f"gained_{k}"] = sum(a and not b for a, b in pairs)
+            row[f"lost_{k}"] = sum(b and not a for a, b in pairs)
+        row["acc_mean"] = sum(row[f"acc_{k}"] for k in args.objects) / len(args.objects)
+    _print_table(rows, args.objects, n_goals, args.model, guidance, reference)
+    figures = {
+        "bench": "steps", "model": args.model, "goals_per_kind": n_goals,
+        "objects": args.objects, "guidance": guidance, "seed": args.seed,
+        "reference": reference.label, "device": args.device, "seconds": round(elapsed, 1),
+        "rows": [{k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()}
+                 for r in rows],
+    }  # fmt: skip
+    print(json.dumps(figures))
+    return figures
+
+
+def _print_table(
+    rows: list[dict], objects: list[int], n: int, model: str, guidance: float, ref: Setting
+) -> None:
+    se = max(math.sqrt(0.25 / n), 1e-9)
+    print(f"\nChecker accuracy (all attributes and count right), {n} held-out goals per kind, "
+          f"model {model}, guidance {guidance:g}, reference {ref.label} "
+          f"(binomial s.e. at most {100 * se:.1f} points per kind)\n")  # fmt: skip
+    head = f"{'steps:shift:trunc':<18}{'passes':>7}"
+    for k in objects:
+        head += f"{f'{k}-obj':>8}{'Δ':>7}{'+/-':>8}"
+    head += f"{'mean':>8}{'s/img':>8}"
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        line = f"{r['config']:<18}{r['passes_per_image']:>7}"
+        for k in objects:
+            flips = f"+{r[f'gained_{k}']}/-{r[f'lost_{k}']}"
+            line += f"{100 * r[f'acc_{k}']:>8.1f}{100 * r[f'delta_{k}']:>+7.1f}{flips:>8}"
+        line += f"{100 * r['acc_mean']:>8.1f}{r['seconds_per_image']:>8.3f}"
+        print(line)
+    print(
+        "\npasses: transformer rows per image; Δ: points against the reference; +/-: goals "
+        "that pass here and fail in the reference / the other way round (same noise)."
+    )
+
+
+if __name__ == "__main__":
+    main()

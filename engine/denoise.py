@@ -1,0 +1,299 @@
+"""The runner's own denoising loop for Flux pipelines: batched CFG, layouts, guidance truncation.
+
+The stock ``FluxPipeline.__call__`` calls the transformer twice per step under true
+classifier-free guidance (once for the prompts, once for the negatives). This loop calls it
+once, on one batch whose rows are, in this order (a contract others build on):
+
+    [conditional rows: one per request, or one per region of a layout request, request-major;
+     unconditional rows: one per request]
+
+and once ``cfg_truncation`` ends the guided steps, the trailing unconditional rows are
+dropped: each later step predicts from the prompts alone. A layout's regions all hold the
+request's one latent (they are blended after every step), and its negative prompt is the same
+for every region, so one unconditional row per request serves all its regions.
+
+Per step (``FluxDenoiseLoop.run``)::
+
+    velocity = loop.predict(batch, step)            # one transformer call
+    batch.latents = scheduler.step(velocity, ...)   # flow-matching Euler
+    batch = on_step(step, batch) or batch           # e.g. preview x0, drop requests
+
+The state is one ``DenoiseBatch`` (one latent row per request, request ids kept through
+``select``), so a caller can drop requests mid-denoise and still map the survivors back.
+Everything else (noise, timesteps, Euler step, decoding) is the pipeline's own code, which is
+why the images match the stock pipeline's to float rounding.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import torch
+from diffusers import FluxPipeline
+from diffusers.pipelines.flux.pipeline_flux import calculate_shift, retrieve_timesteps
+
+CACHE_CONTEXT = "denoise"
+"""Name of the ``cache_context`` every transformer call of the loop runs in (diffusers'
+``CacheMixin`` hooks key their state by it)."""
+
+
+def keeps_leading_rows(transformer: torch.nn.Module) -> bool:
+    """Whether the transformer's step cache follows a batch that loses its trailing rows
+    (``step_cache="agentloop"`` does; diffusers' caches need a reset)."""
+    from engine.step_cache import has_row_cache
+
+    return has_row_cache(transformer)
+
+
+def guided_steps(steps: int, guidance: float, cfg_truncation: float) -> int:
+    """How many leading steps run classifier-free guidance: ``ceil(cfg_truncation * steps)``,
+    or none at guidance <= 1 (the unconditional branch would not change the prediction)."""
+    if guidance <= 1.0:
+        return 0
+    return min(steps, math.ceil(cfg_truncation * steps - 1e-9))
+
+
+@dataclass
+class DenoiseBatch:
+    """One batch of requests in the loop: their latents and the rows the transformer sees.
+
+    ``latents`` holds one packed latent per request, (B, tokens, channels). ``cond_*`` hold
+    one text row per region (B * regions rows, request-major); ``uncond_*`` one per request
+    (None without guidance). ``weights`` (B, regions, tokens, 1) blend a layout's regions;
+    None when every request is one region. ``ids`` name the requests (positions in the batch
+    the runner built), so they can be followed through ``select``.
+    """
+
+    latents: torch.Tensor
+    cond_hidden: torch.Tensor
+    cond_pooled: torch.Tensor
+    uncond_hidden: torch.Tensor | None
+    uncond_pooled: torch.Tensor | None
+    text_ids: torch.Tensor
+    image_ids: torch.Tensor
+    guidance: float
+    weights: torch.Tensor | None = None
+    ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.ids:
+            self.ids = tuple(range(self.latents.shape[0]))
+        n, rows = len(self.ids), self.cond_hidden.shape[0]
+        if self.latents.shape[0] != n or rows != n * self.regions:
+            raise ValueError(
+                f"{n} requests, {self.latents.shape[0]} latents and {rows} conditional rows "
+                f"do not fit {self.regions} region(s) per request"
+            )
+        if self.uncond_hidden is not None and self.uncond_hidden.shape[0] != n:
+            raise ValueError(f"{self.uncond_hidden.shape[0]} unconditional rows for {n} requests")
+
+    @property
+    def regions(self) -> int:
+        """Conditional rows per request (1, or a layout's region count)."""
+        return 1 if self.weights is None else int(self.weights.shape[1])
+
+    @property
+    def size(self) -> int:
+        """Requests in the batch."""
+        return int(self.latents.shape[0])
+
+    def select(self, keep: Sequence[int]) -> DenoiseBatch:
+        """The batch reduced to the requests at positions ``keep`` (in that order)."""
+        index = torch.as_tensor(list(keep), dtype=torch.long, device=self.latents.device)
+        rows = index[:, None] * self.regions + torch.arange(self.regions, device=index.device)
+        rows = rows.flatten()
+
+        def pick(t: torch.Tensor | None, idx: torch.Tensor) -> torch.Tensor | None:
+            return None if t is None else t.index_select(0, idx.to(t.device))
+
+        return replace(
+            self,
+            latents=self.latents.index_select(0, index),
+            cond_hidden=self.cond_hidden.index_select(0, rows.to(self.cond_hidden.device)),
+            cond_pooled=self.cond_pooled.index_select(0, rows.to(self.cond_pooled.device)),
+            uncond_hidden=pick(self.uncond_hidden, index),
+            uncond_pooled=pick(self.uncond_pooled, index),
+            weights=pick(self.weights, index),
+            ids=tuple(self.ids[i] for i in keep),
+        )
+
+
+@dataclass
+class DenoiseStep:
+    """Where the loop is: filled in before the step's prediction, completed after it."""
+
+    index: int
+    steps: int
+    timestep: torch.Tensor
+    sigma: float
+    sigma_next: float
+    guided: bool
+    """Whether this step runs the unconditional rows (classifier-free guidance)."""
+    x_t: torch.Tensor | None = None
+    """The latents the step started from, (B, tokens, channels)."""
+    velocity: torch.Tensor | None = None
+    """The step's (guided) flow-matching prediction, one row per request."""
+
+    def x0(self) -> torch.Tensor:
+        """The clean latents this step predicts: x0 = x_t - sigma_t * v (flow matching)."""
+        if self.x_t is None or self.velocity is None:
+            raise RuntimeError("x0 is known only after the step's prediction")
+        return preview_x0(self.x_t, self.velocity, self.sigma)
+
+
+StepCallback = Callable[[DenoiseStep, DenoiseBatch], "DenoiseBatch | None"]
+"""Called after every Euler step; may return a new batch (e.g. ``batch.select(keep)``)."""
+
+
+def preview_x0(x_t: torch.Tensor, velocity: torch.Tensor, sigma: float) -> torch.Tensor:
+    """Flow-matching x0 estimate, computed in float32: x_t = (1 - sigma) x0 + sigma noise and
+    v = noise - x0 give x0 = x_t - sigma v."""
+    return (x_t.float() - sigma * velocity.float()).to(x_t.dtype)
+
+
+def decode(pipe: FluxPipeline, latents: torch.Tensor, height: int, width: int) -> list[Any]:
+    """Packed Flux latents to PIL images, as the pipeline's own last step does."""
+    with torch.no_grad():
+        unpacked = pipe._unpack_latents(latents, height, width, pipe.vae_scale_factor)
+        unpacked = unpacked / pipe.vae.config.scaling_factor + pipe.vae.config.shift_factor
+        image = pipe.vae.decode(unpacked.to(pipe.vae.device, pipe.vae.dtype), return_dict=False)[0]
+    return list(pipe.image_processor.postprocess(image, output_type="pil"))
+
+
+def decode_x0(pipe: FluxPipeline, step: DenoiseStep, height: int, width: int) -> list[Any]:
+    """PIL previews of what the step predicts the finished images to be."""
+    return decode(pipe, step.x0(), height, width)
+
+
+class FluxDenoiseLoop:
+    """Denoises ``DenoiseBatch``es on one FluxPipeline's transformer and scheduler."""
+
+    def __init__(self, pipe: FluxPipeline, cfg_truncation: float = 1.0) -> None:
+        if not isinstance(pipe, FluxPipeline):
+            raise TypeError(f"the own denoising loop runs FluxPipelines, not {type(pipe).__name__}")
+        if not (math.isfinite(cfg_truncation) and 0.0 <= cfg_truncation <= 1.0):
+            raise ValueError(f"cfg_truncation {cfg_truncation!r} is not a number in [0, 1]")
+        self.pipe = pipe
+        self.cfg_truncation = cfg_truncation
+
+    @property
+    def transformer(self) -> Any:
+        """The pipeline's FluxTransformer2DModel (with whatever hooks are registered on it)."""
+        return self.pipe.transformer
+
+    def image_ids(self, height: int, width: int, dtype: torch.dtype) -> torch.Tensor:
+        """Positions of the packed latent tokens of a ``height`` x ``width`` image."""
+        factor = self.pipe.vae_scale_factor * 2
+        return FluxPipeline._prepare_latent_image_ids(
+            1, height // factor, width // factor, self.pipe._execution_device, dtype
+        )
+
+    def schedule(self, steps: int, tokens: int) -> tuple[Any, torch.Tensor]:
+        """A fresh copy of the pipeline's scheduler, set for ``steps``, and its timesteps,
+        exactly as ``FluxPipeline.__call__`` sets them (sigmas linear from 1 to 1/steps,
+        resolution shift ``mu`` where the scheduler shifts dynamically)."""
+        scheduler = type(self.pipe.scheduler).from_config(self.pipe.scheduler.config)
+        config = scheduler.config
+        sigmas: list[float] | None = np.linspace(1.0, 1 / steps, steps).tolist()
+        if getattr(config, "use_flow_sigmas", False):
+            sigmas = None
+        mu = calculate_shift(
+            tokens,
+            config.get("base_image_seq_len", 256),
+            config.get("max_image_seq_len", 4096),
+            config.get("base_shift", 0.5),
+            config.get("max_shift", 1.15),
+        )
+        timesteps, _ = retrieve_timesteps(
+            scheduler, steps, self.pipe._execution_device, sigmas=sigmas, mu=mu
+        )
+        scheduler.set_begin_index(0)
+        return scheduler, timesteps
+
+    def predict(self, batch: DenoiseBatch, step: DenoiseStep) -> torch.Tensor:
+        """The step's flow-matching velocity per request: one transformer call on the
+        conditional rows and, on a guided step, the unconditional rows after them."""
+        latents, k = batch.latents, batch.regions
+        x = latents.repeat_interleave(k, dim=0) if k > 1 else latents
+        hidden, pooled = batch.cond_hidden, batch.cond_pooled
+        if step.guided:
+            assert batch.uncond_hidden is not None and batch.uncond_pooled is not None
+            x = torch.cat([x, latents])
+            hidden = torch.cat([hidden, batch.uncond_hidden])
+            pooled = torch.cat([pooled, batch.uncond_pooled])
+        rows = x.shape[0]
+        timestep = step.timestep.expand(rows).to(latents.dtype)
+        guidance = None
+        if self.transformer.config.guidance_embeds:  # guidance-distilled: guidance is an input
+            guidance = torch.full([rows], batch.guidance, device=x.device, dtype=torch.float32)
+        with self._cache_context(step):
+            out = self.transformer(
+                hidden_states=x,
+                timestep=timestep / 1000,
+                guidance=guidance,
+                pooled_projections=pooled,
+                encoder_hidden_states=hidden,
+                txt_ids=batch.text_ids,
+                img_ids=batch.image_ids,
+                joint_attention_kwargs={},
+                return_dict=False,
+            )[0]
+        n = batch.size
+        cond = out[: n * k]
+        if k > 1:
+            assert batch.weights is not None
+            cond = (cond.reshape(n, k, *cond.shape[1:]) * batch.weights.to(cond.dtype)).sum(dim=1)
+        if not step.guided:
+            return cond
+        uncond = out[n * k :]
+        return uncond + batch.guidance * (cond - uncond)
+
+    def _cache_context(self, step: DenoiseStep) -> Any:
+        context = getattr(self.transformer, "cache_context", None)
+        if context is None:
+            from contextlib import nullcontext
+
+            return nullcontext()
+        return context(
+            CACHE_CONTEXT, step_index=step.index, num_inference_steps=step.steps,
+            timestep=step.timestep, sigma=step.sigma,
+        )  # fmt: skip
+
+    def reset_cache(self) -> None:
+        """Clear the transformer's stateful hooks (caches): a new batch, or new rows."""
+        reset = getattr(self.transformer, "_reset_stateful_cache", None)
+        if reset is not None:
+            reset()
+
+    @torch.no_grad()
+    def run(
+        self, batch: DenoiseBatch, steps: int, on_step: StepCallback | None = None
+    ) -> DenoiseBatch:
+        """Denoise ``batch`` for ``steps`` steps; returns it (or what ``on_step`` made of it)
+        holding the final latents."""
+        self.reset_cache()
+        scheduler, timesteps = self.schedule(steps, batch.latents.shape[1])
+        guided = guided_steps(steps, batch.guidance, self.cfg_truncation)
+        if guided and batch.uncond_hidden is None:
+            raise ValueError("guidance above 1 needs unconditional text rows")
+        if self.transformer.config.guidance_embeds:
+            guided = 0  # the guidance embedding replaces classifier-free guidance
+        sigmas = [float(s) for s in scheduler.sigmas]
+        for i, t in enumerate(timesteps):
+            if i == guided and i > 0 and not keeps_leading_rows(self.transformer):
+                self.reset_cache()  # the unconditional rows go: cached states no longer fit
+            step = DenoiseStep(i, steps, t, sigmas[i], sigmas[i + 1], guided=i < guided)
+            step.x_t = batch.latents
+            step.velocity = self.predict(batch, step)
+            batch.latents = scheduler.step(step.velocity, t, batch.latents, return_dict=False)[0]
+            if on_step is not None:
+                changed = on_step(step, batch)
+                if changed is not None:
+                    if changed.size != batch.size:
+                        self.reset_cache()
+                    batch = changed
+        return batch
