@@ -65,7 +65,7 @@ OFF: dict[str, Any] = {
 SWITCHES: dict[str, dict[str, Any]] = {
     "text cache": {"text_embedding_cache": True},
     "own loop": {"own_loop": True},
-    "cfg truncation": {"own_loop": True, "cfg_truncation": 0.5},
+    "cfg truncation": {"own_loop": True, "cfg_truncation": 0.75},
     "step cache": {"step_cache": "agentloop"},
 }
 """One row per switch (EngineConfig kwargs on top of OFF); add a line for a new switch."""
@@ -239,6 +239,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--quick", action="store_true", help="24 goals, 1 round, fewer cache rows")
     ap.add_argument("--caches", nargs="*", default=None,
                     help="diffusers cache rows to run, by name (default: all; none: --caches)")
+    ap.add_argument("--without", nargs="*", default=[], choices=sorted(SWITCHES),
+                    help="leave these switches' own rows out (the all-on row keeps them)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--seed", type=int, default=0, help="held-out goal draw")
     args = ap.parse_args(argv)
@@ -268,7 +270,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             ap.error(f"unknown cache rows {sorted(unknown)}; known: {sorted(caches)}")
         caches = {k: v for k, v in caches.items() if k in wanted}
     base = EngineConfig(max_batch=batch)
-    configs = {"runner (all off)": OFF, **{f"runner + {k}": OFF | v for k, v in SWITCHES.items()},
+    configs = {"runner (all off)": OFF, **{f"runner + {k}": OFF | v for k, v in SWITCHES.items() if k not in args.without},
                "runner, all on": ALL_ON}  # fmt: skip
     start = time.perf_counter()
     rows = vanilla_rows(folder, prompts, spec, batch, caches)
