@@ -41,6 +41,14 @@ CACHE_CONTEXT = "denoise"
 ``CacheMixin`` hooks key their state by it)."""
 
 
+def keeps_leading_rows(transformer: torch.nn.Module) -> bool:
+    """Whether the transformer's step cache follows a batch that loses its trailing rows
+    (``step_cache="agentloop"`` does; diffusers' caches need a reset)."""
+    from engine.step_cache import has_row_cache
+
+    return has_row_cache(transformer)
+
+
 def guided_steps(steps: int, guidance: float, cfg_truncation: float) -> int:
     """How many leading steps run classifier-free guidance: ``ceil(cfg_truncation * steps)``,
     or none at guidance <= 1 (the unconditional branch would not change the prediction)."""
@@ -281,7 +289,7 @@ class FluxDenoiseLoop:
             raise ValueError("guidance above 1 needs unconditional text rows")
         sigmas = [float(s) for s in scheduler.sigmas]
         for i, t in enumerate(timesteps):
-            if i == guided and i > 0:
+            if i == guided and i > 0 and not keeps_leading_rows(self.transformer):
                 self.reset_cache()  # the unconditional rows go: cached states no longer fit
             step = DenoiseStep(i, steps, t, sigmas[i], sigmas[i + 1], guided=i < guided)
             step.x_t = batch.latents

@@ -32,12 +32,14 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 from diffusers import DiffusionPipeline, FluxPipeline, StableDiffusionPipeline
 
-from engine.config import EngineConfig
+from engine.catalog import ModelSource, resolve_model
+from engine.config import EngineConfig, StepCacheSettings
 from engine.denoise import DenoiseBatch, FluxDenoiseLoop, decode
 from engine.loading import load_pipeline
 from engine.regions import region_weights
@@ -98,7 +100,8 @@ class Runner:
     def __init__(
         self, model: str, config: EngineConfig = EngineConfig(), extra_models: Iterable[str] = ()
     ) -> None:
-        """Load ``model`` (a catalog name) and install the kernels the config asks for."""
+        """Load ``model`` (a catalog name), install the kernels the config asks for, then its
+        step cache (the order does not matter to either, see kernels.flux)."""
         self.model = model
         self.config = config
         start = time.perf_counter()
@@ -112,6 +115,8 @@ class Runner:
         self.installed_kernels: dict[str, int] = {}
         """What ``kernels.install`` patched, by kind (empty when no kernel switch is on)."""
         self._install_kernels()
+        self.step_cache = self._install_step_cache(extra_models)
+        """The step cache on the denoiser (``method`` "none" when the switch is off)."""
         self._loop: FluxDenoiseLoop | None = None
         """The runner's own denoising loop, where ``config.own_loop`` is on and the pipeline
         is a FluxPipeline; None: the stock pipeline call."""
@@ -150,6 +155,34 @@ class Runner:
             int8_attention=c.int8_attention,
         )
         self.installed_kernels = dict(counts or {})
+
+    def _install_step_cache(self, extra_models: Iterable[str]) -> Any:
+        settings = StepCacheSettings.from_config(self.config)
+        from engine.step_cache import StepCache  # lazily: imports diffusers' hooks
+
+        spec = resolve_model(self.model, tuple(extra_models))
+        folder = Path(spec.location) if spec is not None and spec.source is ModelSource.LOCAL else None
+        return StepCache(self.denoiser, settings, folder)
+
+    def _step_cache_prepare(self, steps: int) -> dict[str, Any]:
+        """Clear the step cache for a new batch; returns counters to diff after it."""
+        self.step_cache.prepare(steps)
+        rows = self.step_cache.row_cache
+        return dict(vars(rows.counters)) if rows is not None else {}
+
+    def _step_cache_report(self, before: dict[str, Any]) -> dict[str, Any]:
+        """What the step cache skipped in one batch (``GenerationResult.skipped``)."""
+        method = self.step_cache.settings.method
+        if method == "none":
+            return {}
+        report: dict[str, Any] = {"step_cache": method}
+        rows = self.step_cache.row_cache
+        if rows is not None and before:
+            after = vars(rows.counters)
+            seen = after["rows"] - before["rows"]
+            skipped = after["rows_skipped"] - before["rows_skipped"]
+            report["step_cache_skipped_share"] = skipped / seen if seen else 0.0
+        return report
 
     def validate(self, request: GenerationRequest) -> None:
         """Raise ValueError if this runner cannot serve ``request``."""
@@ -222,6 +255,7 @@ class Runner:
             kwargs["latents"] = self._initial_noise(
                 batch, generators, self._noise_dtype(text_kwargs)
             )
+        counters = self._step_cache_prepare(first.steps)
         images = self.pipe(
             height=first.height,
             width=first.width,
@@ -233,8 +267,10 @@ class Runner:
         denoise_s = time.perf_counter() - start
         n = len(batch)
         timings = {"encode_s": encode_s / n, "denoise_s": denoise_s / n, "batch_size": float(n)}
+        skipped = self._step_cache_report(counters)
         return [
-            GenerationResult(r, img, dict(timings)) for r, img in zip(batch, images, strict=True)
+            GenerationResult(r, img, dict(timings), dict(skipped))
+            for r, img in zip(batch, images, strict=True)
         ]
 
     def _run_layout_batch(self, batch: list[GenerationRequest]) -> list[GenerationResult]:
@@ -262,6 +298,7 @@ class Runner:
             mixed = (per_request * weights.to(latents.dtype)).sum(dim=1)
             return {"latents": mixed.repeat_interleave(k, dim=0)}
 
+        counters = self._step_cache_prepare(first.steps)
         latents = self.pipe(
             height=first.height,
             width=first.width,
@@ -279,8 +316,10 @@ class Runner:
             "encode_s": encode_s / n, "denoise_s": denoise_s / n, "batch_size": float(n),
             "regions": float(k),
         }
+        skipped = self._step_cache_report(counters)
         return [
-            GenerationResult(r, img, dict(timings)) for r, img in zip(batch, images, strict=True)
+            GenerationResult(r, img, dict(timings), dict(skipped))
+            for r, img in zip(batch, images, strict=True)
         ]
 
     def _run_own_loop(self, batch: list[GenerationRequest]) -> list[GenerationResult]:
@@ -292,6 +331,7 @@ class Runner:
         state = self.denoise_batch(batch)
         encode_s = time.perf_counter() - start
         start = time.perf_counter()
+        counters = self._step_cache_prepare(first.steps)
         latents = self._loop.run(state, first.steps).latents
         images = decode(self.pipe, latents, first.height, first.width)
         denoise_s = time.perf_counter() - start
@@ -299,7 +339,7 @@ class Runner:
         timings = {"encode_s": encode_s / n, "denoise_s": denoise_s / n, "batch_size": float(n)}
         if first.regions:
             timings["regions"] = float(first.denoiser_passes)
-        skipped: dict[str, Any] = {}
+        skipped: dict[str, Any] = self._step_cache_report(counters)
         guided = self._guided_steps(first)
         if 0 < guided < first.steps:
             skipped["unconditional_steps"] = first.steps - guided

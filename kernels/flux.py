@@ -15,7 +15,9 @@ What is patched, found by class name so that this package never imports diffuser
   concat, rotary embedding) and calls :func:`kernels.dispatch.attention`.
 
 Patched modules get an instance ``forward`` (parameters, state dict, hooks and device moves
-are untouched); :func:`uninstall` removes them. The patched forwards copy diffusers 0.42's
+are untouched); :func:`uninstall` removes them. A module that already carries diffusers hooks
+(a step cache: ``enable_cache``) keeps them: the patched forward goes under the hooks, so
+kernels and caches compose in either installation order. The patched forwards copy diffusers 0.42's
 code, written out, with the fused calls in place of the eager ops; modules whose norms do
 not fit (e.g. ``FP32LayerNorm``) are left alone and not counted.
 """
@@ -345,8 +347,40 @@ def _qkv_projections(
 # install / uninstall
 
 
+def _hook_chain_root(module: nn.Module) -> Any:
+    """The innermost link of a diffusers hook chain on ``module`` (``HookRegistry``, found by
+    duck typing so this package never imports diffusers), or None when no hook is registered.
+
+    diffusers' hooks (step caches, offloading) replace ``module.forward`` with a wrapper that
+    calls the forward it found; the first hook's link holds the module's own forward, which
+    every later hook reaches through the chain. Patching that link, rather than
+    ``module.forward``, keeps the hooks and puts the kernels under them, whichever of the two
+    was installed first.
+    """
+    registry = getattr(module, "_diffusers_hook", None)
+    refs = getattr(registry, "_fn_refs", None)
+    return refs[0] if refs else None
+
+
+def _set_inner_forward(module: nn.Module, forward: Callable[..., Any] | None) -> None:
+    """Make ``forward`` (bound; None: the class's own) what ``module`` runs under any hooks."""
+    root = _hook_chain_root(module)
+    if root is None:
+        if forward is None:
+            del module.forward
+        else:
+            module.forward = forward  # type: ignore[method-assign]
+        return
+    if forward is None:
+        forward = types.MethodType(type(module).forward, module)
+    if root.original_forward is not None:  # the hook replaces forward and calls the original
+        root.original_forward = forward
+    else:
+        root.forward = forward
+
+
 def _patch_forward(module: nn.Module, forward: Callable[..., Any], kind: str) -> None:
-    module.forward = types.MethodType(forward, module)  # type: ignore[method-assign]
+    _set_inner_forward(module, types.MethodType(forward, module))
     setattr(module, _PATCHED, kind)
 
 
@@ -396,7 +430,7 @@ def uninstall(module: nn.Module) -> int:
     restored = 0
     for sub in module.modules():
         if getattr(sub, _PATCHED, None) is not None:
-            del sub.forward
+            _set_inner_forward(sub, None)
             delattr(sub, _PATCHED)
             restored += 1
         processor = getattr(sub, "processor", None)

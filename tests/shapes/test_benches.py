@@ -65,3 +65,19 @@ def test_steps_runs_and_pairs_against_the_reference(capsys: pytest.CaptureFixtur
         assert other[f"gained_{k}"] - other[f"lost_{k}"] == round(2 * other[f"delta_{k}"])
     with pytest.raises(SystemExit):
         steps.main(["--configs", "0:3:1"])
+
+
+def test_engine_bench_runs_every_row(capsys: pytest.CaptureFixture[str]) -> None:
+    figures = _load("engine").main(
+        ["--goals", "2", "--repeats", "1", "--steps", "3", "--batch", "2", "--caches", "first_block 0.1"]
+    )
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == figures
+    rows = figures["rows"]
+    assert {"vanilla", "diffusers first_block 0.1", "runner (all off)", "runner + step cache",
+            "runner, all on"} <= set(rows)  # fmt: skip
+    assert rows["vanilla"]["speedup"] == 1.0 and rows["vanilla"]["work"] == 1.0
+    assert rows["vanilla"]["calls_per_image"] == 3 * 2 / 2  # 3 steps x (cond, uncond), 2 images a call
+    assert rows["runner (all off)"]["psnr_db"] >= 40  # the same images as vanilla, to rounding
+    for row in rows.values():
+        assert row["images_per_s"] > 0 and 0 <= row["accuracy"] <= 1 and 0 <= row["clip_score"] <= 2.5
+    assert figures["targets"]["diffusers_best"] in (None, "diffusers first_block 0.1")
