@@ -205,6 +205,29 @@ def test_compiled_runner_generates_the_same_image(
     assert np.abs(a - b).max() <= 1
 
 
+def test_compiled_blocks_with_kernels_compile_once(
+    cpu_config: EngineConfig, keep_dynamo_config: None
+) -> None:
+    """Our kernels inside compiled blocks: dynamo traces the patched forwards once and reuses
+    the graphs (the dispatcher's call counter is not touched while tracing; when it was,
+    dynamo guarded on its value and recompiled every block on every call)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    config = replace(cpu_config, fused_adaln=True, fused_activations=True, compile=True)
+    runner = Runner("tiny-dit", config)
+    assert runner.engine_report["compiled"] and runner.installed_kernels["adaln"] > 0
+    for block in runner.denoiser.modules():
+        if getattr(block, "_compiled_call_impl", None) is not None:
+            block._compiled_call_impl = torch.compile(block._call_impl, backend="eager")
+    request = GenerationRequest(prompt="a blue square", seed=5, steps=2, model="tiny-dit")
+    runner.generate([request])
+    graphs = counters["stats"]["unique_graphs"]
+    assert graphs > 0
+    runner.generate([request])
+    assert counters["stats"]["unique_graphs"] == graphs
+
+
 @pytest.mark.slow
 def test_bench_gpu_toy_runs_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "bench-gpu.json"
