@@ -20,7 +20,8 @@ then on the engine's automatic backend: + regional compilation (``compile_repeat
 + our Triton kernels, + INT8 attention, compile + kernels, and, for Flux, an N-step Euler
 loop with and without diffusers' FirstBlockCache. Rows run interleaved (every row once per
 round) for ``--reps`` rounds after one warm-up round (which includes compilation, reported
-apart); figures are medians. Columns: ms per denoiser call, ms per image at N steps, speed
+apart); figures are medians. Loop rows (N calls on a warm model) are timed ``--loop-reps``
+times without a warm-up. Columns: ms per denoiser call, ms per image at N steps, speed
 against eager fp32 and eager bf16, peak GPU memory (the row's own weights + its activation
 peak), max |output - eager bf16 output| (for the loops: final latents against the uncached
 loop). A piece that fails (a backend missing, compilation failing) becomes a row with its
@@ -419,18 +420,15 @@ def rows_for(case: Case, device: str, engine: Any) -> list[Row]:
         Row(f"bf16 + {best} + regional compile", backend=best, compiled=True),
         Row(f"bf16 + {best} + our kernels", backend=best, kernels=fused),
     ]
-    if case.full_rows:
-        if case.model == "flux":
-            rows.append(
-                Row(
-                    f"bf16 + {best} + kernels + int8 attention",
-                    backend=best,
-                    kernels=fused | {"int8_attention": True},
-                )
-            )
-        rows.append(
-            Row(f"bf16 + {best} + compile + kernels", backend=best, compiled=True, kernels=fused)
-        )
+    if case.full_rows and case.model == "flux":
+        rows += [
+            Row(
+                f"bf16 + {best} + kernels + int8 attention",
+                backend=best,
+                kernels=fused | {"int8_attention": True},
+            ),
+            Row(f"bf16 + {best} + compile + kernels", backend=best, compiled=True, kernels=fused),
+        ]
     if case.model == "flux":
         loop = f"bf16 + {best}, {case.steps}-step loop"
         rows += [
@@ -471,62 +469,98 @@ def run_case(
     switches: Switches,
     engine: Any,
     reps: int,
+    loop_reps: int,
     deadline: float,
 ) -> list[Row]:
-    """Warm-up round, then ``reps`` interleaved rounds, each row once per round."""
+    """A warm-up round, then ``reps`` interleaved rounds, each row once per round. Loop rows
+    (N denoiser calls each, on an already warm model) need no warm-up: they are timed from
+    the first round, ``loop_reps`` times. A row whose next call would end past ``deadline``
+    (by its last call, or a guess for a compile) is not started."""
     on_cuda = device.startswith("cuda")
     inputs = make_inputs(case, nets["fp32"], device)
     rows = rows_for(case, device, engine)
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
     for rnd in range(reps + 1):
         for row in rows:
-            if row.error is not None:
+            if row.error is not None or (row.loop and len(row.times) >= loop_reps):
                 continue
-            if time.monotonic() > deadline:
+            if time.monotonic() + _expected_s(row, rows, case, on_cuda) > deadline:
                 if not row.times:
                     row.error = "skipped: time budget" + (
-                        " (after the warm-up call)" if rnd else ""
+                        " (after the warm-up call)" if row.first_s is not None else ""
                     )
                 continue
             try:
-                with switches.row(row) as net, torch.inference_mode():
-                    if on_cuda:
-                        torch.cuda.synchronize()
-                        torch.cuda.reset_peak_memory_stats()
-                        base = torch.cuda.memory_allocated()
-                    calls = _kernel_calls()
-                    start = time.perf_counter()
-                    if row.loop:
-                        out, full = euler_loop(
-                            case, net, inputs, dtypes[row.weights], row.cache is not None
-                        )
-                        row.extra["steps_computing_every_block"] = full
-                    else:
-                        out = denoise_call(case, net, inputs, inputs["x"], 0.7, dtypes[row.weights])
-                    if on_cuda:
-                        torch.cuda.synchronize()
-                    elapsed = time.perf_counter() - start
-                    if on_cuda:
-                        row.activation_bytes = max(
-                            row.activation_bytes, torch.cuda.max_memory_allocated() - base
-                        )
-                    if rnd == 0:
-                        row.first_s = elapsed
-                        row.output = out.float()
-                        row.extra["kernel_calls"] = _kernel_calls(since=calls)
-                    else:
-                        row.times.append(elapsed)
+                _timed_call(case, row, switches, inputs, dtypes[row.weights], on_cuda, rnd)
             except Exception as exc:  # noqa: BLE001 - one failing piece is one row with an error
                 row.error = _short(exc)
                 if on_cuda:
                     torch.cuda.empty_cache()
+            last = (row.times or [row.first_s or 0.0])[-1]
             print(
                 f"  [{case.model} b{case.batch}] round {rnd} {row.name}: "
-                f"{'error' if row.error else f'{(row.times or [row.first_s or 0])[-1]:.3f} s'}",
+                f"{'error: ' + row.error if row.error else f'{last:.3f} s'}",
                 file=sys.stderr,
                 flush=True,
             )
     return rows
+
+
+def _timed_call(
+    case: Case,
+    row: Row,
+    switches: Switches,
+    inputs: dict[str, Any],
+    dtype: torch.dtype,
+    on_cuda: bool,
+    rnd: int,
+) -> None:
+    with switches.row(row) as net, torch.inference_mode():
+        if on_cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+        calls = _kernel_calls()
+        start = time.perf_counter()
+        if row.loop:
+            out, full = euler_loop(case, net, inputs, dtype, row.cache is not None)
+            row.extra["steps_computing_every_block"] = full
+        else:
+            out = denoise_call(case, net, inputs, inputs["x"], 0.7, dtype)
+        if on_cuda:
+            torch.cuda.synchronize()
+        elapsed = time.perf_counter() - start
+        if on_cuda:
+            peak = torch.cuda.max_memory_allocated() - base
+            row.activation_bytes = max(row.activation_bytes, peak)
+    if row.output is None:  # the first call: outputs to compare, which kernel paths ran
+        row.output = out.float()
+        row.extra["kernel_calls"] = _kernel_calls(since=calls)
+    if rnd == 0 and not row.loop:
+        row.first_s = elapsed
+    else:
+        row.times.append(elapsed)
+
+
+COMPILE_GUESS_S = 120.0
+"""What a first compiled call is assumed to take on CUDA before it has been seen (Inductor
+compiling both Flux block classes), so the budget does not start one it cannot finish."""
+
+
+def _expected_s(row: Row, rows: list[Row], case: Case, on_cuda: bool) -> float:
+    """How long the next call of ``row`` should take, from what has been seen."""
+    if row.times or row.first_s is not None:
+        return max(row.times or [row.first_s or 0.0])
+    if row.compiled and on_cuda:
+        return COMPILE_GUESS_S
+    if row.loop:
+        plain = [
+            r for r in rows
+            if r.weights == row.weights and r.backend == row.backend
+            and not (r.compiled or r.loop or r.kernels) and (r.times or r.first_s)
+        ]  # fmt: skip
+        return case.steps * min((min(r.times or [r.first_s or 0.0]) for r in plain), default=0.0)
+    return 0.0
 
 
 def _kernel_calls(since: dict[str, int] | None = None) -> dict[str, int]:
@@ -657,6 +691,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     parser.add_argument("--reps", type=int, default=3, help="timed rounds after the warm-up round")
     parser.add_argument(
+        "--loop-reps", type=int, default=1, help="timed N-step loops per loop row (no warm-up)"
+    )
+    parser.add_argument(
         "--budget-s",
         type=float,
         default=None,
@@ -668,7 +705,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         default="auto",
         help="run pytest tests/kernels (auto: on CUDA only)",
     )
-    parser.add_argument("--kernel-tests-timeout-s", type=float, default=150)
+    parser.add_argument("--kernel-tests-timeout-s", type=float, default=120)
     parser.add_argument(
         "--compile-backend",
         default=None,
@@ -742,7 +779,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             )
         seen.add(model)
         assert switches is not None
-        rows = run_case(case, nets, device, switches, engine, args.reps, deadline)
+        rows = run_case(case, nets, device, switches, engine, args.reps, args.loop_reps, deadline)
         figures["cases"].append(
             {
                 "case": case.name,
