@@ -404,13 +404,14 @@ def usable_backends(device: str) -> list[str]:
 def rows_for(case: Case, device: str, engine: Any) -> list[Row]:
     """The rows of one case; ``engine`` is what EngineConfig() resolves to on this device."""
     on_cuda = device.startswith("cuda")
-    best = engine.attention_backend
+    # UNet2DConditionModel's processors call SDPA directly: no backend applies to it
+    best = engine.attention_backend if case.model == "flux" else "native"
     fused = {"fused_adaln": True, "fused_activations": True}
     rows = [Row("eager fp32", weights="fp32")]
     if on_cuda:
         rows.append(Row("fp32 + TF32", weights="fp32", tf32=True))
     rows.append(Row("eager bf16"))
-    if case.full_rows:
+    if case.full_rows and case.model == "flux":
         rows += [
             Row(f"bf16 + attention {b}", backend=b) for b in usable_backends(device) if b != best
         ]

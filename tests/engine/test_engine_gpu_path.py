@@ -10,12 +10,14 @@ and the real diffusers attention dispatcher.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -226,6 +228,40 @@ def test_compiled_blocks_with_kernels_compile_once(
     assert graphs > 0
     runner.generate([request])
     assert counters["stats"]["unique_graphs"] == graphs
+
+
+def _load_bench() -> Any:
+    spec = importlib.util.spec_from_file_location("bench_gpu", REPO / "bench" / "gpu.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_gpu"] = module  # dataclasses look their module up while building
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_rows_on_cuda_follow_the_engine_choice(
+    fake_cuda: dict[str, object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rows a CUDA run would take (no GPU here: the probes are faked as above)."""
+    bench = _load_bench()
+    monkeypatch.setattr(bench, "cuda_capability", config_module.cuda_capability)
+    fake_cuda["installed"] = {"_flash_3", "_native_cudnn", "_native_flash", "_native_efficient"}
+    engine = EngineConfig().resolve("cuda")
+    first = bench.rows_for(bench.Case("flux", 1, 28, 4096, 512, True), "cuda", engine)
+    names = [row.name for row in first]
+    assert names[:3] == ["eager fp32", "fp32 + TF32", "eager bf16"]
+    assert {"bf16 + attention _native_cudnn", "bf16 + attention _flash_3"} <= set(names)
+    (default,) = [row for row in first if row.engine_default]
+    assert default.name == "bf16 + _flash_3 + regional compile"  # what EngineConfig() runs
+    assert default.compiled and default.backend == "_flash_3" and not default.kernels
+    cached = [row for row in first if row.cache is not None]
+    assert len(cached) == 1 and cached[0].loop and cached[0].reference in names
+    later = bench.rows_for(bench.Case("flux", 4, 28, 4096, 512, False), "cuda", engine)
+    assert len(later) < len(first) and not any("int8" in row.name for row in later)
+    sdxl = bench.rows_for(bench.Case("sdxl", 2, 30, 128, 77, True), "cuda", engine)
+    assert not any(row.loop for row in sdxl)  # FirstBlockCache is for the Flux transformer
+    assert {row.backend for row in sdxl} == {"native"}  # UNet attention bypasses the dispatcher
+    assert [row.name for row in sdxl if row.engine_default] == ["bf16 + native + regional compile"]
 
 
 @pytest.mark.slow
