@@ -59,6 +59,11 @@ def apply_speedups(pipe: Any, resolved: ResolvedEngine) -> dict[str, Any]:
         except Exception as exc:  # noqa: BLE001 - a missing triton must not stop serving
             report["errors"]["kernels"] = f"{type(exc).__name__}: {exc}"
     _apply_attention_backend(denoiser, resolved.attention_backend, report)
+    if report["kernels"].get("attention"):
+        report["notes"].append(
+            "int8_attention: the Flux attention processors run our INT8 kernel, "
+            "not the attention backend"
+        )
     if resolved.compile:
         _compile_repeated_blocks(denoiser, report)
     if report["errors"]:
