@@ -755,10 +755,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             )
             continue
         if built != model:
-            nets.clear()
-            gc.collect()
-            if on_cuda:
-                torch.cuda.empty_cache()
+            switches = None
+            _release(nets, on_cuda)
             start = time.monotonic()
             fp32, bf16 = build(model, toy, device)
             nets.update(fp32=fp32, bf16=bf16)
@@ -791,8 +789,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             }
         )
         _write(args.out, figures, partial=True)
-    nets.clear()
-    gc.collect()
+    switches = None
+    _release(nets, on_cuda)
     run_tests = args.kernel_tests == "on" or (args.kernel_tests == "auto" and on_cuda)
     figures["kernel_tests"] = (
         run_kernel_tests(args.kernel_tests_timeout_s, on_cuda)
@@ -807,6 +805,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     _write(args.out, figures, partial=False)
     print(json.dumps(figures))
     return figures
+
+
+def _release(nets: dict[str, torch.nn.Module], on_cuda: bool) -> None:
+    """Free the models: the switches' saved compiled blocks and dynamo's compiled code hold
+    references to them, so both must go before the memory comes back."""
+    import torch._dynamo as dynamo
+
+    nets.clear()
+    dynamo.reset()
+    gc.collect()
+    if on_cuda:
+        torch.cuda.empty_cache()
 
 
 def _write(path: Path, figures: dict[str, Any], partial: bool) -> None:
