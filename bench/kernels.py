@@ -26,14 +26,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 REPO = Path(__file__).resolve().parents[1]
 # `python bench/kernels.py` puts bench/ first on sys.path, where this very file would shadow
-# the `kernels` package; look in the repository root instead.
+# the `kernels` package and bench/queue.py the standard library's `queue` (torch imports it);
+# look in the repository root instead, before importing torch.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != REPO / "bench"]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
 
 Outputs = torch.Tensor | tuple[torch.Tensor, ...]
 

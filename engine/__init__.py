@@ -20,7 +20,7 @@ from engine.catalog import (
     resolve_model,
     resolve_scorer,
 )
-from engine.config import EngineConfig
+from engine.config import EngineConfig, ResolvedEngine
 from engine.types import GenerationRequest, GenerationResult, ScoreRequest, ScoreResult
 
 if TYPE_CHECKING:
@@ -36,6 +36,7 @@ __all__ = [
     "GenerationResult",
     "ModelLoadError",
     "ModelSpec",
+    "ResolvedEngine",
     "Runner",
     "ScoreRequest",
     "ScoreResult",

@@ -194,7 +194,8 @@ def _from_pretrained(spec: ModelSpec, dtype: torch.dtype) -> DiffusionPipeline:
 def load_pipeline(
     name: str, config: EngineConfig = EngineConfig(), extra_models: Iterable[str] = ()
 ) -> DiffusionPipeline:
-    """Load a model by catalog name onto ``config.resolved_device()`` in ``config.dtype``.
+    """Load a model by catalog name onto ``config.resolved_device()`` in
+    ``config.resolved_dtype()`` (speed-ups are applied after, by ``engine.speedups``).
 
     Raises UnknownModelError for names the catalog does not know and ModelLoadError when a
     known model's files cannot be read (for a hub id on an offline machine, for instance).
@@ -203,13 +204,14 @@ def load_pipeline(
     spec = resolve_model(name, extra)
     if spec is None:
         raise UnknownModelError(f"unknown model {name!r}; known: {known_models(extra)}")
-    dtype = torch_dtype(config.dtype)
+    device = config.resolved_device()
+    dtype = torch_dtype(config.resolved_dtype(device))
     if spec.source is ModelSource.PRESET:
         pipe = _build_preset(spec, config.resolved_cache_dir())
         if dtype != torch.float32:  # presets are built in float32; cast only when asked
             pipe = pipe.to(dtype=dtype)
     else:
         pipe = _from_pretrained(spec, dtype)
-    pipe = pipe.to(config.resolved_device())
+    pipe = pipe.to(device)
     pipe.set_progress_bar_config(disable=True)
     return pipe

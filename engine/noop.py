@@ -38,6 +38,8 @@ class NoopRunner:
     def __init__(self, model: str) -> None:
         self.model = model
         self.load_seconds = 0.0
+        self.engine_report: dict[str, object] = {"engine": "noop"}
+        """What a real Runner applied (dtype, attention backend, ...); here: nothing."""
 
     def validate(self, request: GenerationRequest) -> None:
         """Raise ValueError for what no real runner would serve either (so refusals still flow)."""

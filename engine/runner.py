@@ -43,6 +43,7 @@ from engine.config import EngineConfig, StepCacheSettings
 from engine.denoise import DenoiseBatch, FluxDenoiseLoop, decode
 from engine.loading import load_pipeline
 from engine.regions import region_weights
+from engine.speedups import apply_speedups
 from engine.types import GenerationRequest, GenerationResult
 
 TEXT_CACHE_SIZE = 4096
@@ -100,8 +101,9 @@ class Runner:
     def __init__(
         self, model: str, config: EngineConfig = EngineConfig(), extra_models: Iterable[str] = ()
     ) -> None:
-        """Load ``model`` (a catalog name), install the kernels the config asks for, then its
-        step cache (the order does not matter to either, see kernels.flux)."""
+        """Load ``model`` (a catalog name), apply the speed-ups the config resolves to
+        (dtype, attention backend, compilation, kernels), then its step cache (the order of
+        kernels and cache does not matter to either, see kernels.flux)."""
         self.model = model
         self.config = config
         start = time.perf_counter()
@@ -112,9 +114,13 @@ class Runner:
         self._text_cache_bytes = 0
         self.text_cache_hits = 0
         self.text_cache_misses = 0
-        self.installed_kernels: dict[str, int] = {}
+        self.resolved = config.resolve()
+        """What the config's "auto" switches mean on this device."""
+        self.engine_report: dict[str, Any] = apply_speedups(self.pipe, self.resolved)
+        """What was applied: dtype, TF32, attention backend, compiled blocks, kernels, and
+        any speed-up that failed and was skipped (``errors``); benches and workers show it."""
+        self.installed_kernels: dict[str, int] = dict(self.engine_report["kernels"])
         """What ``kernels.install`` patched, by kind (empty when no kernel switch is on)."""
-        self._install_kernels()
         self.step_cache = self._install_step_cache(extra_models)
         """The step cache on the denoiser (``method`` "none" when the switch is off)."""
         self._loop: FluxDenoiseLoop | None = None
@@ -138,23 +144,6 @@ class Runner:
         if isinstance(self.pipe, FluxPipeline):
             factor *= 2
         return math.lcm(8, factor)
-
-    def _install_kernels(self) -> None:
-        c = self.config
-        if not (c.fused_adaln or c.fused_activations or c.int8_attention):
-            return
-        import kernels  # lazily: only an optimized config needs it
-
-        install = getattr(kernels, "install", None)
-        if install is None:
-            raise RuntimeError("EngineConfig asks for fused kernels but kernels.install is missing")
-        counts = install(
-            self.denoiser,
-            fused_adaln=c.fused_adaln,
-            fused_activations=c.fused_activations,
-            int8_attention=c.int8_attention,
-        )
-        self.installed_kernels = dict(counts or {})
 
     def _install_step_cache(self, extra_models: Iterable[str]) -> Any:
         settings = StepCacheSettings.from_config(self.config)

@@ -54,7 +54,8 @@ MAX_NORM_DIM = 8192
 """Widest row the adaLN kernel keeps in registers (one row per program)."""
 
 CALLS: Counter[tuple[str, str]] = Counter()
-"""Calls per (op, path) since import; tests and the engine read it, ``CALLS.clear()`` resets."""
+"""Calls per (op, path) since import; tests and the engine read it, ``CALLS.clear()`` resets.
+Calls inside a torch.compile'd region are not counted."""
 
 AUTO_TRITON_DEVICES: tuple[str, ...] = ("cuda",)
 """Device types on which the automatic path picks a Triton kernel whose constraints hold."""
@@ -124,7 +125,7 @@ def _dispatch(
     auto = path is None and blocker is None and device.type in AUTO_TRITON_DEVICES
     if path == "triton" or (auto and op not in BROKEN):
         if path == "triton":
-            CALLS[(op, "triton")] += 1
+            _count(op, "triton")
             return triton_fn()
         try:
             result = triton_fn()
@@ -133,10 +134,17 @@ def _dispatch(
             log.warning("Triton kernel %s failed; using its torch reference from now on: %s",
                         op, BROKEN[op])
         else:
-            CALLS[(op, "triton")] += 1
+            _count(op, "triton")
             return result
-    CALLS[(op, "torch")] += 1
+    _count(op, "torch")
     return torch_fn()
+
+
+def _count(op: str, path: str) -> None:
+    """Count a call in ``CALLS``, except while torch.compile traces: dynamo would guard on the
+    counter's value and recompile the block on every call (and a traced count runs once)."""
+    if not torch.compiler.is_compiling():
+        CALLS[(op, path)] += 1
 
 
 def _adaln_blocker(
