@@ -113,8 +113,11 @@ class GoalOut(BaseModel):
     error: str | None
     spec: dict[str, Any]
     budget: int
-    generations_reserved: int = Field(description="candidates created; counted against the budget")
-    generations_done: int = Field(description="candidates finished (succeeded or failed)")
+    generations_reserved: int = Field(
+        description="generations counted against the budget: one per candidate created, a "
+        "prune group its denoiser passes in generations, rounded up")
+    generations_done: int = Field(
+        description="candidates finished (succeeded, failed, cancelled or pruned)")
     best_score: float | None = Field(description=SCORE_SCALE)
     score_scale: str = SCORE_SCALE
     best_candidate: CandidateOut | None

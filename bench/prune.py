@@ -15,7 +15,8 @@ engine test ``tests/engine/test_engine_prune.py`` asserts it bit for bit): a var
 best, and picks the best finished one of those by score. Best-of-N picks the best finished
 image of the first N seeds. The bench also runs the recommended variant through the engine's
 own pruning path (``Runner.generate(..., preview_scorer=...)``) on the first goals of each
-kind and checks it picks what the simulation picks.
+kind and checks it picks what the simulation picks. ``--record FILE`` keeps each collected goal,
+so a long run can resume, or be widened with more goals, without generating again.
 
 Cost: denoiser passes (transformer rows x steps) relative to best-of-16, W*k + m*(T-k) over
 16*T (every candidate of a goal has as many rows per step, so the ratio is the same with
@@ -25,6 +26,7 @@ rank.
 
     python -m bench.prune                # 30 goals per kind
     python -m bench.prune --quick        # 4 goals per kind
+    python -m bench.prune --goals 12 --record /tmp/prune.jsonl
 """
 
 from __future__ import annotations
@@ -32,8 +34,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -168,6 +172,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--quick", action="store_true", help="4 goals per kind")
+    ap.add_argument("--record", type=Path, default=None,
+                    help="a JSON-lines file of collected goals: goals found there are not "
+                         "generated again, new ones are appended (a long run can resume)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     n_goals = 4 if args.quick else args.goals
@@ -179,14 +186,21 @@ def main(argv: list[str] | None = None) -> dict:
     start = time.perf_counter()
     runs: dict[int, list[GoalRun]] = {}
     agree = []
+    recorded = _load(args.record)
     for kind in (1, 2):
         goals = world.heldout_goals(n_goals, objects=kind, seed=args.seed + kind)
         runs[kind] = []
         for gi, goal in enumerate(goals):
             requests = requests_for(goal, gi + 1000 * kind, args.seeds, args.model, defaults)
-            runs[kind].append(collect(runner, scorer, goal, requests, args.ks))
-        for run in runs[kind][:2]:
-            agree.append(engine_check(runner, scorer, run, rw, rk, rkeep))
+            key = json.dumps([goal.text, requests[0].seed, args.seeds, args.ks])
+            if key in recorded:
+                run = GoalRun(goal, requests, *recorded[key])
+            else:
+                run = collect(runner, scorer, goal, requests, args.ks)
+                _save(args.record, key, run)
+            runs[kind].append(run)
+            print(f"  {kind}-object goal {gi + 1}/{n_goals}", file=sys.stderr, flush=True)
+        agree.append(engine_check(runner, scorer, runs[kind][0], rw, rk, rkeep))
     elapsed = time.perf_counter() - start
     variants: list[tuple[int, int | None, int]] = [(n, None, n) for n in (4, 8, 9, 12, 16, 24, 32)]
     variants += [(w, k, m) for w in WIDTHS for k in args.ks for m in KEEPS
@@ -225,6 +239,24 @@ def main(argv: list[str] | None = None) -> dict:
     }  # fmt: skip
     print(json.dumps(figures))
     return figures
+
+
+def _load(path: Path | None) -> dict[str, tuple[dict[int, list[float]], list[float], list[bool]]]:
+    """Recorded goals by key: preview scores per step, final scores, checker verdicts."""
+    out = {}
+    if path is not None and path.is_file():
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            previews = {int(k): v for k, v in row["previews"].items()}
+            out[row["key"]] = (previews, row["final"], row["ok"])
+    return out
+
+
+def _save(path: Path | None, key: str, run: GoalRun) -> None:
+    if path is not None:
+        with path.open("a") as f:
+            f.write(json.dumps({"key": key, "previews": run.previews, "final": run.final,
+                                "ok": run.ok}) + "\n")  # fmt: skip
 
 
 def _nanmean(values: list[float]) -> float:
