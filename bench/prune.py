@@ -202,10 +202,10 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"  {kind}-object goal {gi + 1}/{n_goals}", file=sys.stderr, flush=True)
         agree.append(engine_check(runner, scorer, runs[kind][0], rw, rk, rkeep))
     elapsed = time.perf_counter() - start
-    variants: list[tuple[int, int | None, int]] = [(n, None, n) for n in (4, 8, 9, 12, 16, 24, 32)]
-    variants += [(w, k, m) for w in WIDTHS for k in args.ks for m in KEEPS
-                 if m < w and w <= args.seeds]  # fmt: skip
-    variants = [v for v in variants if v[0] <= args.seeds]
+    best_of = {n for n in (4, 8, 9, 12, 16, 24, 32) if n <= args.seeds} | {args.seeds}
+    variants: list[tuple[int, int | None, int]] = [(n, None, n) for n in sorted(best_of)]
+    widths = sorted({w for w in WIDTHS if w <= args.seeds} | {args.seeds})
+    variants += [(w, k, m) for w in widths for k in args.ks for m in KEEPS if m < w]
     rows = []
     for w, k, m in variants:
         row: dict = {"label": f"best-of-{w}" if k is None else f"{w}:k{k}:keep{m}",
@@ -214,7 +214,8 @@ def main(argv: list[str] | None = None) -> dict:
             row[f"acc_{kind}"] = sum(r.ok[pick(r, w, k, m)] for r in kind_runs) / len(kind_runs)
         row["acc_mean"] = (row["acc_1"] + row["acc_2"]) / 2
         rows.append(row)
-    base = next(r for r in rows if r["label"] == f"best-of-{BASELINE}")
+    baseline = min(BASELINE, args.seeds)
+    base = next(r for r in rows if r["label"] == f"best-of-{baseline}")
     for row in rows:
         row["delta"] = row["acc_mean"] - base["acc_mean"]
     corr = {}
@@ -235,7 +236,8 @@ def main(argv: list[str] | None = None) -> dict:
         "seeds": args.seeds, "steps": steps, "seed": args.seed, "seconds": round(elapsed, 1),
         "engine_agrees": f"{sum(agree)}/{len(agree)}",
         "rows": [{k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()} for r in rows],
-        "spearman": {k: {n: round(v, 4) for n, v in d.items()} for k, d in corr.items()},
+        "spearman": {k: {n: None if math.isnan(v) else round(v, 4) for n, v in d.items()}
+                     for k, d in corr.items()},  # fmt: skip
     }  # fmt: skip
     print(json.dumps(figures))
     return figures
