@@ -45,7 +45,6 @@ from engine.denoise import (
     FluxDenoiseLoop,
     decode,
     decode_x0,
-    guided_steps,
 )
 from engine.loading import load_pipeline
 from engine.regions import region_weights
@@ -418,9 +417,7 @@ class Runner:
 
     def _guided_steps(self, request: GenerationRequest) -> int:
         """Steps of ``request`` that run the unconditional rows in the own loop."""
-        if self._loop is None or self.pipe.transformer.config.guidance_embeds:
-            return 0
-        return guided_steps(request.steps, request.guidance, self._loop.cfg_truncation)
+        return 0 if self._loop is None else self._loop.guided_steps(request.steps, request.guidance)
 
     def denoise_batch(self, batch: Sequence[GenerationRequest]) -> DenoiseBatch:
         """The own loop's starting state for requests that share a batch key: their text rows
