@@ -206,6 +206,9 @@ def main(argv: list[str] | None = None) -> dict:
     variants: list[tuple[int, int | None, int]] = [(n, None, n) for n in sorted(best_of)]
     widths = sorted({w for w in WIDTHS if w <= args.seeds} | {args.seeds})
     variants += [(w, k, m) for w in widths for k in args.ks for m in KEEPS if m < w]
+    baseline = min(BASELINE, args.seeds)
+    all_runs = [r for kind in (1, 2) for r in runs[kind]]
+    base_ok = [r.ok[pick(r, baseline, None, baseline)] for r in all_runs]
     rows = []
     for w, k, m in variants:
         row: dict = {"label": f"best-of-{w}" if k is None else f"{w}:k{k}:keep{m}",
@@ -213,8 +216,10 @@ def main(argv: list[str] | None = None) -> dict:
         for kind, kind_runs in runs.items():
             row[f"acc_{kind}"] = sum(r.ok[pick(r, w, k, m)] for r in kind_runs) / len(kind_runs)
         row["acc_mean"] = (row["acc_1"] + row["acc_2"]) / 2
+        ok = [r.ok[pick(r, w, k, m)] for r in all_runs]  # paired with best-of-16, goal by goal
+        row["gained"] = sum(a and not b for a, b in zip(ok, base_ok, strict=True))
+        row["lost"] = sum(b and not a for a, b in zip(ok, base_ok, strict=True))
         rows.append(row)
-    baseline = min(BASELINE, args.seeds)
     base = next(r for r in rows if r["label"] == f"best-of-{baseline}")
     for row in rows:
         row["delta"] = row["acc_mean"] - base["acc_mean"]
@@ -270,15 +275,18 @@ def _print(rows: list[dict], corr: dict, n: int, args: argparse.Namespace, steps
     print(f"\nChecker success of the CLIP-picked image, {n} held-out goals per kind, model "
           f"{args.model}, scorer {args.scorer}, {steps} steps; cost = denoiser passes / "
           f"best-of-{BASELINE}'s\n")  # fmt: skip
-    head = f"{'variant':<18}{'cost':>7}{'1-obj':>8}{'2-obj':>8}{'mean':>8}{'Δ vs bo16':>11}"
+    head = (f"{'variant':<18}{'cost':>7}{'1-obj':>8}{'2-obj':>8}{'mean':>8}{'Δ vs bo16':>11}"
+            f"{'+/-':>8}")  # fmt: skip
     print(head)
     print("-" * len(head))
     for r in sorted(rows, key=lambda r: (r["cost"], r["label"])):
         if r["k"] is not None and r["cost"] > TABLE_MAX_COST:
             continue
         print(f"{r['label']:<18}{r['cost']:>7.3f}{100 * r['acc_1']:>8.1f}{100 * r['acc_2']:>8.1f}"
-              f"{100 * r['acc_mean']:>8.1f}{100 * r['delta']:>+11.1f}")  # fmt: skip
-    print("\nvariant W:kK:keepM: W candidates, previews at step K, the M best finish.")
+              f"{100 * r['acc_mean']:>8.1f}{100 * r['delta']:>+11.1f}"
+              f"{'+' + str(r['gained']) + '/-' + str(r['lost']):>8}")  # fmt: skip
+    print("\nvariant W:kK:keepM: W candidates, previews at step K, the M best finish. +/-: "
+          f"goals it gets right and best-of-{BASELINE} wrong / the other way round (paired).")
     print("\nSpearman rank correlation, mean over goals (NaN-free goals only)")
     for key, d in corr.items():
         print(f"  {key:<14}" + "  ".join(f"{n} {v:+.3f}" for n, v in d.items()))
