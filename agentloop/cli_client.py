@@ -160,6 +160,8 @@ def watch_goal(client: Client, goal_id: str, timeout: float) -> Goal:
             )
             if finished:
                 bar.advance(task)
+            elif event.type == "candidate.pruned":  # cut mid-denoise: part of a generation
+                bar.advance(task, float(data.get("generation_cost") or 0.0))
             elif event.type == "goal.best":
                 bar.update(task, best=_score(data.get("score")))
             elif event.type == "goal.status":

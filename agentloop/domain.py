@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import re
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -51,17 +53,23 @@ class IterationStatus(StrEnum):
 
 class CandidateStatus(StrEnum):
     """One generation's life: queued → running → succeeded | failed (running → queued on retry,
-    or when its lease expires); queued → cancelled when its goal is cancelled."""
+    or when its lease expires); queued → cancelled when its goal is cancelled; running →
+    pruned when its prune group cut it mid-denoise (its image is then the preview it was
+    judged by, and it is never a goal's best)."""
 
     QUEUED = "queued"
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    PRUNED = "pruned"
 
     @property
     def terminal(self) -> bool:
-        return self in (CandidateStatus.SUCCEEDED, CandidateStatus.FAILED, CandidateStatus.CANCELLED)
+        return self in (
+            CandidateStatus.SUCCEEDED, CandidateStatus.FAILED, CandidateStatus.CANCELLED,
+            CandidateStatus.PRUNED,
+        )
 
 
 class GoalInvalid(ValueError):
@@ -144,14 +152,14 @@ JsonInt = Annotated[int, BeforeValidator(_whole_float_as_int)]
 EVENT_TYPES = (
     "goal.created", "goal.status", "goal.best", "goal.finished", "iteration.opened",
     "iteration.closed", "iteration.withdrawn", "candidate.started", "candidate.succeeded",
-    "candidate.failed", "candidate.cancelled",
+    "candidate.failed", "candidate.cancelled", "candidate.pruned",
 )
 """Every event type the log writes (see `EventView`)."""
 
 EventType = Literal[
     "goal.created", "goal.status", "goal.best", "goal.finished", "iteration.opened",
     "iteration.closed", "iteration.withdrawn", "candidate.started", "candidate.succeeded",
-    "candidate.failed", "candidate.cancelled", "*",
+    "candidate.failed", "candidate.cancelled", "candidate.pruned", "*",
 ]
 """An event type a webhook may subscribe to; "*" is every type."""
 
@@ -438,6 +446,25 @@ class CandidateView:
         """Its layout, (prompt, x, y) per region, from its params (() for none)."""
         return tuple((str(p), float(x), float(y)) for p, x, y in self.params.get("regions", ()))
 
+    @property
+    def prune_group(self) -> str | None:
+        """The prune group it runs in, from its params (None: it always finishes)."""
+        group = self.params.get("prune_group")
+        return None if group is None else str(group)
+
+    @property
+    def preview_score(self) -> float | None:
+        """The score its mid-denoise preview got, where its prune group was previewed
+        (objective scale, see ``agentloop.revisers.objective``); None otherwise."""
+        value = self.timings.get("preview_score")
+        return None if value is None else float(value)
+
+    @property
+    def pruned_at_step(self) -> int | None:
+        """After how many denoising steps it was cut (pruned candidates only)."""
+        value = self.timings.get("pruned_at_step")
+        return None if value is None else int(value)
+
 
 @dataclass
 class IterationView:
@@ -490,7 +517,7 @@ class EventView:
     """One entry of a goal's event log: `id` only grows, `type` names the transition
     (`goal.created`, `goal.status`, `goal.best`, `goal.finished`, `iteration.opened`,
     `iteration.closed`, `iteration.withdrawn`, `candidate.started`, `candidate.succeeded`,
-    `candidate.failed`, `candidate.cancelled`), `data` what changed."""
+    `candidate.failed`, `candidate.cancelled`, `candidate.pruned`), `data` what changed."""
 
     id: int
     goal_id: str
@@ -534,11 +561,28 @@ class CandidateDraft:
     regions: Layout = ()
     """A layout, (prompt, x, y) per region: each region's prompt draws the area nearest its
     anchor (x, y in [0, 1] from the top-left). Empty: ``prompt`` draws the whole image."""
+    prune_group: str | None = None
+    """Names a prune group within its iteration: its members run together, are previewed
+    after ``prune_at_step`` steps, and only the ``prune_keep`` best finish (the others end
+    ``pruned``). None: the candidate always finishes."""
+    prune_keep: int = 0
+    prune_at_step: int = 0
 
     @property
     def has_variation(self) -> bool:
         """Whether this draft's initial noise differs from the plain noise of its seed."""
         return self.variation_seed is not None and self.variation_strength > 0
+
+    def prune_params(self) -> dict[str, Any]:
+        """Its prune group as candidate params; none for a draft that always finishes."""
+        if self.prune_group is None:
+            return {}
+        return {"prune_group": self.prune_group, "prune_keep": self.prune_keep,
+                "prune_at_step": self.prune_at_step}
+
+    def unpruned(self) -> CandidateDraft:
+        """The same draft without its prune group."""
+        return replace(self, prune_group=None, prune_keep=0, prune_at_step=0)
 
     def noise_and_layout_params(self) -> dict[str, Any]:
         """Its variation and layout as candidate params (what ``CandidateView`` reads back);
@@ -550,6 +594,52 @@ class CandidateDraft:
         if self.regions:
             params["regions"] = [[prompt, float(x), float(y)] for prompt, x, y in self.regions]
         return params
+
+
+def prune_groups(drafts: Sequence[CandidateDraft]) -> dict[str, list[CandidateDraft]]:
+    """Drafts by prune group (drafts without one left out)."""
+    groups: dict[str, list[CandidateDraft]] = {}
+    for d in drafts:
+        if d.prune_group is not None:
+            groups.setdefault(d.prune_group, []).append(d)
+    return groups
+
+
+def finishing(drafts: Sequence[CandidateDraft]) -> int:
+    """How many of ``drafts`` finish: those without a prune group, and each group's keep."""
+    groups = prune_groups(drafts)
+    plain = sum(d.prune_group is None for d in drafts)
+    return plain + sum(min(len(g), g[0].prune_keep) for g in groups.values())
+
+
+def generation_cost(drafts: Sequence[CandidateDraft], steps: int) -> int:
+    """Generations of budget that ``drafts`` reserve: one per draft without a prune group;
+    for a group of W cut after k of ``steps`` steps keeping m, m + ceil((W - m) * k / steps),
+    its denoiser passes in generations (every member runs k steps, the kept ones all of
+    them), rounded up."""
+    groups = prune_groups(drafts)
+    cost = sum(d.prune_group is None for d in drafts)
+    for group in groups.values():
+        keep = min(len(group), group[0].prune_keep)
+        cut = max(0, min(group[0].prune_at_step, steps))
+        cost += keep + math.ceil((len(group) - keep) * cut / steps - 1e-9)
+    return cost
+
+
+def prune_problems(drafts: Sequence[CandidateDraft], steps: int) -> list[str]:
+    """Why ``drafts``' prune groups cannot run (members that disagree, a keep or a step out
+    of range); empty when they can."""
+    problems = []
+    for name, group in prune_groups(drafts).items():
+        first = group[0]
+        if any((d.prune_keep, d.prune_at_step) != (first.prune_keep, first.prune_at_step)
+               for d in group):
+            problems.append(f"prune group {name!r}: members disagree on keep or step")
+        if not 1 <= first.prune_keep:
+            problems.append(f"prune group {name!r}: keep {first.prune_keep} < 1")
+        if not 1 <= first.prune_at_step < steps:
+            problems.append(f"prune group {name!r}: step {first.prune_at_step} not in [1, {steps})")
+    return problems
 
 
 @dataclass(frozen=True)

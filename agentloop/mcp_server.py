@@ -195,7 +195,8 @@ def build_server(client: AsyncClient) -> MCPServer:
     async def list_candidates(
         goal_id: GoalId,
         iteration: Annotated[int | None, Field(description="only this iteration")] = None,
-        status: Annotated[Literal["queued", "running", "succeeded", "failed", "cancelled"] | None,
+        status: Annotated[Literal["queued", "running", "succeeded", "failed", "cancelled",
+                                  "pruned"] | None,
                           Field(description="only candidates in this status")] = None,
         order: Annotated[Literal["best", "created"], Field(
             description="'best': highest CLIPScore first; 'created': iteration order")] = "best",

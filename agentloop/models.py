@@ -59,9 +59,15 @@ class CandidateOut(BaseModel):
     params: dict[str, Any]
     attempts: int
     worker: str | None
-    clip_score: float | None = Field(description=SCORE_SCALE)
+    clip_score: float | None = Field(description=f"{SCORE_SCALE}; null unless succeeded")
     part_scores: dict[str, float] = Field(description=f"per goal part; {SCORE_SCALE}")
     score_scale: str = SCORE_SCALE
+    preview_score: float | None = Field(
+        default=None, description="the score of its mid-denoise preview, where its prune group "
+        "was previewed (the reviser's objective on the CLIPScore scale); null otherwise")
+    pruned_at_step: int | None = Field(
+        default=None, description="status pruned: the denoising step it was cut after (its "
+        "image is that step's preview; it cost pruned_at_step / steps of a generation)")
     artifact_url: str | None
     timings: dict[str, float]
     error: str | None
@@ -78,7 +84,8 @@ class CandidateOut(BaseModel):
             id=c.id, iteration=c.iteration, ordinal=c.ordinal, status=c.status,
             prompt=c.prompt, negative_prompt=c.negative_prompt, seed=c.seed, params=c.params,
             attempts=c.attempts, worker=c.worker, clip_score=c.clip_score,
-            part_scores=c.part_scores, artifact_url=url, timings=c.timings, error=c.error,
+            part_scores=c.part_scores, preview_score=c.preview_score,
+            pruned_at_step=c.pruned_at_step, artifact_url=url, timings=c.timings, error=c.error,
             parent_id=c.parent_id, edit=c.edit, queued_at=c.queued_at, started_at=c.started_at,
             finished_at=c.finished_at,
         )
@@ -106,8 +113,11 @@ class GoalOut(BaseModel):
     error: str | None
     spec: dict[str, Any]
     budget: int
-    generations_reserved: int = Field(description="candidates created; counted against the budget")
-    generations_done: int = Field(description="candidates finished (succeeded or failed)")
+    generations_reserved: int = Field(
+        description="generations counted against the budget: one per candidate created, a "
+        "prune group its denoiser passes in generations, rounded up")
+    generations_done: int = Field(
+        description="candidates finished (succeeded, failed, cancelled or pruned)")
     best_score: float | None = Field(description=SCORE_SCALE)
     score_scale: str = SCORE_SCALE
     best_candidate: CandidateOut | None
@@ -247,7 +257,7 @@ class EventOut(BaseModel):
     type: str = Field(description="goal.created, goal.status, goal.best, goal.finished, "
                       "iteration.opened, iteration.closed, iteration.withdrawn, "
                       "candidate.started, candidate.succeeded, candidate.failed, "
-                      "candidate.cancelled")
+                      "candidate.cancelled, candidate.pruned")
     data: dict[str, Any]
     created_at: UtcDateTime
 

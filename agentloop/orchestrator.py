@@ -23,6 +23,9 @@ from agentloop.domain import (
     IterationStatus,
     Reclaim,
     StopReason,
+    finishing,
+    generation_cost,
+    prune_problems,
     split_parts,
 )
 from agentloop.llm import LlmConfig
@@ -120,10 +123,11 @@ def step(
     if stop is not None:
         d.goal_status, d.stop_reason = GoalStatus.DONE, stop.value
         return d
-    n = min(spec.fanout, goal.budget - goal.generations_reserved)
+    left = goal.budget - goal.generations_reserved
+    n = min(spec.fanout, left)
     reviser = get_reviser(spec.reviser, policy.llm)
     index = max((it.index for it in state.iterations), default=-1) + 1
-    ctx = ReviserContext(spec, parts, index, n, state.candidates)
+    ctx = ReviserContext(spec, parts, index, n, state.candidates, left)
     key = _fingerprint(state.goal.id, ctx)
     proposal = proposals.get(key) if proposals is not None else None
     if proposal is None:
@@ -134,10 +138,19 @@ def step(
         if goal.status is not GoalStatus.WAITING:
             d.goal_status = GoalStatus.WAITING
         return d
-    d.new_candidates, d.notes = proposal.candidates[:n], proposal.notes
+    d.new_candidates, d.notes = _fit(proposal.candidates, n, left, spec.steps), proposal.notes
     if goal.status is not GoalStatus.RUNNING:
         d.goal_status = GoalStatus.RUNNING
     return d
+
+
+def _fit(drafts: list[CandidateDraft], n: int, left: int, steps: int) -> list[CandidateDraft]:
+    """The proposal as it can run: whole when at most ``n`` of it finish, its cost fits the
+    budget left and its prune groups are sound; else its first ``n`` drafts, unpruned."""
+    if (finishing(drafts) <= n and generation_cost(drafts, steps) <= left
+            and not prune_problems(drafts, steps)):
+        return drafts
+    return [d.unpruned() for d in drafts[:n]]
 
 
 def _expired_leases(state: GoalState, policy: Policy, now: datetime) -> list[Reclaim]:

@@ -30,21 +30,97 @@ from __future__ import annotations
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from diffusers import DiffusionPipeline, FluxPipeline, StableDiffusionPipeline
+from PIL import Image
 
 from engine.catalog import ModelSource, resolve_model
 from engine.config import EngineConfig, StepCacheSettings
-from engine.denoise import DenoiseBatch, FluxDenoiseLoop, decode
+from engine.denoise import (
+    DenoiseBatch,
+    DenoiseStep,
+    FluxDenoiseLoop,
+    decode,
+    decode_x0,
+)
 from engine.loading import load_pipeline
 from engine.regions import region_weights
 from engine.speedups import apply_speedups
 from engine.types import GenerationRequest, GenerationResult
+
+PreviewScorer = Callable[[Sequence[int], Sequence[Image.Image]], Sequence[float]]
+"""Scores previews for pruning: called with the positions (in the requests given to
+``Runner.generate``) of a prune group's members and their preview images, returns one score
+per image, higher better (NaN ranks last)."""
+
+
+def check_prune_groups(requests: Sequence[GenerationRequest]) -> None:
+    """Raise ValueError unless every prune group's members agree on what makes them one batch
+    (size, steps, guidance, model, regions) and on ``prune_keep`` and ``prune_at_step``."""
+    seen: dict[str, tuple[Any, ...]] = {}
+    for request in requests:
+        if request.prune_group is None:
+            continue
+        key = (request.batch_key(), request.prune_keep, request.prune_at_step)
+        if seen.setdefault(request.prune_group, key) != key:
+            raise ValueError(
+                f"prune group {request.prune_group!r} mixes requests that cannot run as one "
+                f"batch or disagree on prune_keep/prune_at_step: {seen[request.prune_group]} "
+                f"and {key}"
+            )
+
+
+class Pruning:
+    """Cuts one prune group mid-denoise (the own loop's step callback).
+
+    After ``prune_at_step`` steps, each member's predicted clean latents (x0 = x_t - sigma_t
+    * v from that step's prediction) are decoded into previews and scored; the
+    ``prune_keep`` best (ties: earlier request first) continue from their own latents, the
+    rest stop there. A kept request's rows are the very rows it had: its image is the one it
+    gets without pruning (float rounding of a smaller batch aside).
+    """
+
+    def __init__(
+        self, pipe: Any, first: GenerationRequest, positions: Sequence[int],
+        scorer: PreviewScorer,
+    ) -> None:
+        self.pipe, self.first, self.positions, self.scorer = pipe, first, positions, scorer
+        self.previews: dict[int, Image.Image] = {}
+        self.scores: dict[int, float] = {}
+        self.kept: set[int] = set()
+
+    def on_step(self, step: DenoiseStep, batch: DenoiseBatch) -> DenoiseBatch | None:
+        """At the cut step: preview, score, keep the best; otherwise nothing."""
+        first = self.first
+        if step.index + 1 != first.prune_at_step or batch.size <= first.prune_keep:
+            return None
+        previews = decode_x0(self.pipe, step, first.height, first.width)
+        scores = [float(s) for s in self.scorer([self.positions[i] for i in batch.ids], previews)]
+        if len(scores) != batch.size:
+            raise ValueError(f"preview scorer gave {len(scores)} scores for {batch.size} previews")
+        rank = sorted(range(batch.size),
+                      key=lambda i: (-scores[i] if math.isfinite(scores[i]) else math.inf, i))
+        keep = sorted(rank[: first.prune_keep])
+        for i, request_id in enumerate(batch.ids):
+            self.previews[request_id], self.scores[request_id] = previews[i], scores[i]
+        self.kept = {batch.ids[i] for i in keep}
+        return batch.select(keep)
+
+    def annotate(self, i: int, result: GenerationResult) -> None:
+        """Mark request ``i``'s result: its preview score, and if it was cut, its preview as
+        its image and the steps it ran."""
+        if i not in self.scores:
+            return  # the group was no larger than prune_keep: nothing was cut
+        result.skipped["preview_score"] = self.scores[i]
+        if i not in self.kept:
+            result.image = self.previews[i]
+            result.skipped["pruned_at_step"] = self.first.prune_at_step
+            result.timings["denoise_steps"] = float(self.first.prune_at_step)
 
 TEXT_CACHE_SIZE = 4096
 """Most texts whose embeddings the runner keeps (least recently used are dropped)."""
@@ -198,37 +274,55 @@ class Runner:
                     problems.append(f"region {k} {name} {value!r} is not a number in [0, 1]")
         return problems
 
-    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
-        """Generate one image per request; results come back in request order."""
+    def generate(
+        self, requests: Sequence[GenerationRequest], preview_scorer: PreviewScorer | None = None
+    ) -> list[GenerationResult]:
+        """Generate one image per request; results come back in request order.
+
+        Requests of a prune group (``GenerationRequest.prune_group``) run as one batch; with a
+        ``preview_scorer`` (and the own loop), the group is cut after ``prune_at_step`` steps
+        to its ``prune_keep`` best previews, and the others come back pruned (see ``prune``
+        below). Without a scorer, or on the stock pipeline call, every member finishes.
+        """
         for request in requests:
             self.validate(request)
+        check_prune_groups(requests)
         results: list[GenerationResult | None] = [None] * len(requests)
         load_share = self._unbilled_load / max(len(requests), 1)
         self._unbilled_load = 0.0 if requests else self._unbilled_load
         for batch in self._batches(requests):
-            for i, result in zip(batch, self._run_batch([requests[i] for i in batch]), strict=True):
+            members = [requests[i] for i in batch]
+            for i, result in zip(batch, self._run_batch(members, batch, preview_scorer), strict=True):
                 result.timings["load_s"] = load_share
                 results[i] = result
         return [r for r in results if r is not None]
 
     def _batches(self, requests: Sequence[GenerationRequest]) -> list[list[int]]:
         """Indices grouped by batch key (first-seen order), cut to at most max_batch pipeline
-        rows (a layout takes one row per region)."""
+        rows (a layout takes one row per region). A prune group is one batch of its own,
+        never cut: its previews are ranked against each other at one step."""
         rows = max(self.config.max_batch, 1) if self.config.batching else 1
         groups: dict[tuple[Any, ...], list[int]] = {}
         for i, request in enumerate(requests):
-            groups.setdefault(request.batch_key(), []).append(i)
+            groups.setdefault((request.batch_key(), request.prune_key), []).append(i)
         out = []
-        for idx in groups.values():
+        for (_, prune_key), idx in groups.items():
+            if prune_key is not None:
+                out.append(idx)
+                continue
             size = max(1, rows // requests[idx[0]].denoiser_passes)
             out += [idx[s : s + size] for s in range(0, len(idx), size)]
         return out
 
-    def _run_batch(self, batch: list[GenerationRequest]) -> list[GenerationResult]:
-        """One pipeline call for requests that share a batch key."""
+    def _run_batch(
+        self, batch: list[GenerationRequest], positions: Sequence[int] = (),
+        preview_scorer: PreviewScorer | None = None,
+    ) -> list[GenerationResult]:
+        """One pipeline call for requests that share a batch key (``positions``: theirs in
+        the requests given to ``generate``, which is how the preview scorer names them)."""
         first = batch[0]
         if self._loop is not None:
-            return self._run_own_loop(batch)
+            return self._run_own_loop(batch, positions or range(len(batch)), preview_scorer)
         if first.regions:
             return self._run_layout_batch(batch)
         start = time.perf_counter()
@@ -311,18 +405,27 @@ class Runner:
             for r, img in zip(batch, images, strict=True)
         ]
 
-    def _run_own_loop(self, batch: list[GenerationRequest]) -> list[GenerationResult]:
+    def _run_own_loop(
+        self, batch: list[GenerationRequest], positions: Sequence[int] = (),
+        preview_scorer: PreviewScorer | None = None,
+    ) -> list[GenerationResult]:
         """One batch through the runner's own loop (``engine.denoise``): plain requests,
-        variations and layouts alike, one transformer call per step."""
+        variations and layouts alike, one transformer call per step; a prune group is cut
+        to its best previews after ``prune_at_step`` steps."""
         assert self._loop is not None
         first = batch[0]
+        positions = list(positions) or list(range(len(batch)))
         start = time.perf_counter()
         state = self.denoise_batch(batch)
         encode_s = time.perf_counter() - start
         start = time.perf_counter()
         counters = self._step_cache_prepare(first.steps)
-        latents = self._loop.run(state, first.steps).latents
-        images = decode(self.pipe, latents, first.height, first.width)
+        cut: Pruning | None = None
+        if first.prune_group is not None and preview_scorer is not None:
+            cut = Pruning(self.pipe, first, positions, preview_scorer)
+        final = self._loop.run(state, first.steps, cut.on_step if cut else None)
+        images = dict(zip(final.ids, decode(self.pipe, final.latents, first.height, first.width),
+                          strict=True))
         denoise_s = time.perf_counter() - start
         n = len(batch)
         timings = {"encode_s": encode_s / n, "denoise_s": denoise_s / n, "batch_size": float(n)}
@@ -332,10 +435,14 @@ class Runner:
         guided = self._guided_steps(first)
         if 0 < guided < first.steps:
             skipped["unconditional_steps"] = first.steps - guided
-        return [
-            GenerationResult(r, img, dict(timings), dict(skipped))
-            for r, img in zip(batch, images, strict=True)
-        ]
+        results = []
+        for i, request in enumerate(batch):
+            result = GenerationResult(request, images.get(i), dict(timings), dict(skipped))  # type: ignore[arg-type]
+            result.timings["denoise_steps"] = float(first.steps)
+            if cut is not None:
+                cut.annotate(i, result)
+            results.append(result)
+        return results
 
     def _guided_steps(self, request: GenerationRequest) -> int:
         """Steps of ``request`` that run the unconditional rows in the own loop."""

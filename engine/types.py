@@ -47,6 +47,15 @@ class GenerationRequest:
     Empty: ``prompt`` rules the whole image. With regions, ``prompt`` names the whole image
     (what it is scored against) and is not itself generated from; each denoising step costs
     one denoiser pass per region."""
+    prune_group: str | None = None
+    """Names a prune group: the requests that carry it run together for ``prune_at_step``
+    steps, each one's predicted clean image (x0) is scored by the caller's preview scorer,
+    and only the ``prune_keep`` best finish; the others come back pruned with their preview.
+    None: the request always finishes. Pruning never changes a kept request's image."""
+    prune_keep: int = 0
+    """How many of the group finish (every member gives the same value)."""
+    prune_at_step: int = 0
+    """After how many denoising steps the group is previewed and cut, in [1, steps)."""
 
     @property
     def has_variation(self) -> bool:
@@ -81,7 +90,20 @@ class GenerationRequest:
             problems.append(f"variation_seed {self.variation_seed} outside [0, 2**64)")
         if len(self.regions) > MAX_REGIONS:
             problems.append(f"{len(self.regions)} regions; at most {MAX_REGIONS}")
+        if self.prune_group is not None:
+            if self.prune_keep < 1:
+                problems.append(f"prune_keep {self.prune_keep} < 1")
+            if not 1 <= self.prune_at_step < self.steps:
+                problems.append(f"prune_at_step {self.prune_at_step} not in [1, steps {self.steps})")
         return problems
+
+    @property
+    def prune_key(self) -> tuple[str, int, int] | None:
+        """(group, keep, step) for a request of a prune group; None for one that always
+        finishes."""
+        if self.prune_group is None:
+            return None
+        return (self.prune_group, self.prune_keep, self.prune_at_step)
 
     def batch_key(self) -> tuple[int, int, int, float, str, int]:
         """Requests with equal keys can run as one batch (variations batch with plain requests;
@@ -97,6 +119,14 @@ class GenerationResult:
     image: Image.Image
     timings: dict[str, float] = field(default_factory=dict)
     skipped: dict[str, Any] = field(default_factory=dict)
+    """What the engine left out, e.g. ``unconditional_steps``; a pruned request has
+    ``pruned_at_step`` (the steps it ran) and ``preview_score``, and its ``image`` is its
+    preview (the decoded x0 prediction at that step)."""
+
+    @property
+    def pruned(self) -> bool:
+        """Whether this request was cut from its prune group before finishing."""
+        return "pruned_at_step" in self.skipped
 
 
 @dataclass(frozen=True)

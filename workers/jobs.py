@@ -15,13 +15,17 @@ from typing import TYPE_CHECKING
 from agentloop.dispatch import Dispatcher, dispatch_generation, queue_depth
 from agentloop.domain import CandidateStatus, CandidateView, split_parts
 from agentloop.orchestrator import Policy, advance
+from agentloop.revisers.base import objective_of
 from agentloop.settings import Settings
 from agentloop.store import Outcome, Store
-from engine.types import GenerationRequest, Region, ScoreRequest
+from engine.types import GenerationRequest, GenerationResult, Region, ScoreRequest
 from workers.residency import Residency
 
 if TYPE_CHECKING:
-    from engine.runner import Runner
+    from PIL import Image
+
+    from engine.runner import PreviewScorer, Runner
+    from engine.scorer import Scorer
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +103,11 @@ def generate_job(ctx: WorkerContext, candidate_ids: Sequence[str]) -> list[str]:
     """
     s = ctx.settings
     claimed = ctx.store.claim_candidates(candidate_ids, ctx.worker_name, s.lease_seconds, s.max_attempts)
+    siblings = ctx.store.prune_siblings(claimed)  # a prune group runs whole
+    if siblings:
+        claimed += ctx.store.claim_candidates(
+            siblings, ctx.worker_name, s.lease_seconds, s.max_attempts, claimed[0].claim_token
+        )
     completed: list[str] = []
     if claimed:
         token = claimed[0].claim_token
@@ -200,20 +209,32 @@ def _generate_and_record(ctx: WorkerContext, token: str, claimed: list[Candidate
             if not group:
                 continue
             score_requests = [ScoreRequest(texts[c.goal_id], split_parts(texts[c.goal_id])) for c in group]
+            judge = residency.scorer(scorer)
             t0 = time.perf_counter()
-            results = runner.generate(requests)
+            if any(r.prune_group is not None for r in requests):
+                results = runner.generate(
+                    requests, preview_scorer=preview_scorer(judge, score_requests)
+                )
+            else:
+                results = runner.generate(requests)
             t1 = time.perf_counter()
-            scores = residency.scorer(scorer).score([r.image for r in results], score_requests)
+            finished = [i for i, r in enumerate(results) if not r.pruned]
+            final = judge.score([results[i].image for i in finished],
+                                [score_requests[i] for i in finished])
+            scores = dict(zip(finished, final, strict=True))
             t2 = time.perf_counter()
-        shared = {"generate_batch_s": t1 - t0, "score_s": (t2 - t1) / len(results),
+        shared = {"generate_batch_s": t1 - t0, "score_s": (t2 - t1) / max(len(finished), 1),
                   "batch_size": float(len(results))}
         outcomes, files = [], {}
-        for cand, result, score in zip(group, results, scores, strict=True):
+        for i, (cand, result) in enumerate(zip(group, results, strict=True)):
             files[cand.id] = _save_png(root, cand, result.image)
-            outcomes.append(Outcome(
-                cand.id, score.clip_score, score.part_scores,
-                str(files[cand.id].relative_to(root)), {**result.timings, **shared},
-            ))
+            uri = str(files[cand.id].relative_to(root))
+            timings = {**result.timings, **shared, **_prune_timings(result)}
+            if result.pruned:
+                outcomes.append(Outcome(cand.id, None, {}, uri, timings, CandidateStatus.PRUNED))
+            else:
+                outcomes.append(Outcome(cand.id, scores[i].clip_score, scores[i].part_scores,
+                                        uri, timings))
         try:
             recorded = ctx.store.complete_candidates(token, outcomes)
         except BaseException:  # the database went away: nothing recorded, nothing kept
@@ -224,6 +245,20 @@ def _generate_and_record(ctx: WorkerContext, token: str, claimed: list[Candidate
                 files[cid].unlink(missing_ok=True)
         done.extend(recorded)
     return done
+
+
+def preview_scorer(scorer: Scorer, requests: Sequence[ScoreRequest]) -> PreviewScorer:
+    """The runner's preview scorer for a batch whose score requests are ``requests`` (by
+    position): each preview scored as the reviser ranks finished candidates (``objective_of``:
+    the CLIPScore, or for a goal of parts the mean of it and the weakest part's)."""
+
+    def score(positions: Sequence[int], previews: Sequence[Image.Image]) -> list[float]:
+        asked = [requests[i] for i in positions]
+        results = scorer.score(previews, asked)
+        return [objective_of(r.clip_score, r.part_scores, q.parts)
+                for r, q in zip(results, asked, strict=True)]
+
+    return score
 
 
 def _refuse_invalid(
@@ -247,6 +282,18 @@ def _refuse_invalid(
     return kept, requests
 
 
+def _prune_timings(result: GenerationResult) -> dict[str, float]:
+    """What pruning recorded on a result, as candidate timings: the preview score, and for a
+    pruned candidate the step it was cut at and its cost in generations (steps run / steps)."""
+    out: dict[str, float] = {}
+    if "preview_score" in result.skipped:
+        out["preview_score"] = float(result.skipped["preview_score"])
+    if result.pruned:
+        step = float(result.skipped["pruned_at_step"])
+        out |= {"pruned_at_step": step, "generation_cost": step / result.request.steps}
+    return out
+
+
 def _request(c: CandidateView) -> GenerationRequest:
     """The engine request for a stored candidate, with its variation and layout if it has them."""
     return GenerationRequest(
@@ -256,6 +303,9 @@ def _request(c: CandidateView) -> GenerationRequest:
         variation_seed=c.variation_seed,
         variation_strength=c.variation_strength,
         regions=tuple(Region(*region) for region in c.regions),
+        prune_group=c.prune_group,
+        prune_keep=int(c.params.get("prune_keep", 0)),
+        prune_at_step=int(c.params.get("prune_at_step", 0)),
     )
 
 

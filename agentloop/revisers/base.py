@@ -16,7 +16,11 @@ class ReviserContext:
     parts: tuple[str, ...]
     iteration: int
     n: int
+    """How many candidates the iteration should finish (the fan-out, or the budget left)."""
     history: list[CandidateView]
+    budget_left: int | None = None
+    """Generations of budget left to reserve (None: n). A proposal with prune groups may hold
+    more than ``n`` candidates when only ``n`` finish and ``generation_cost`` fits here."""
 
     def scored(self) -> list[CandidateView]:
         """Succeeded candidates, best first."""
@@ -46,8 +50,16 @@ def objective(c: CandidateView, parts: tuple[str, ...]) -> float:
     A one-part goal ranks by its CLIPScore. A goal of several parts ranks by the mean of the
     whole-goal CLIPScore and the weakest part's CLIPScore, so an image that drops a part loses.
     """
-    score = c.clip_score or 0.0
-    part_values = [c.part_scores[p] for p in parts if p in c.part_scores]
+    return objective_of(c.clip_score, c.part_scores, parts)
+
+
+def objective_of(
+    clip_score: float | None, part_scores: dict[str, float], parts: tuple[str, ...]
+) -> float:
+    """``objective`` of a score and its part scores (e.g. a preview's, before any candidate
+    holds them)."""
+    score = clip_score or 0.0
+    part_values = [part_scores[p] for p in parts if p in part_scores]
     if not part_values:
         return score
     return 0.5 * (score + min(part_values))

@@ -6,6 +6,7 @@ import math
 import random
 import re
 from collections import defaultdict
+from dataclasses import replace
 
 from agentloop.domain import CandidateDraft, CandidateView, Layout
 from agentloop.layout import plan_layout
@@ -22,6 +23,8 @@ VARIATION = "variation"
 """The kind of a candidate that keeps its parent's prompt and seed and perturbs its noise."""
 LAYOUT = "layout"
 """The kind of a first-iteration candidate drawn from a layout of the goal's parts."""
+SEED = "seed"
+"""The kind of a candidate that is a fresh seed of a prompt (and layout) already tried."""
 
 Template = tuple[str, Layout]
 """What a candidate draws apart from its noise: its prompt and its layout (() for none)."""
@@ -69,6 +72,8 @@ class SearchReviser:
         variation_share: float = 0.0,
         variation_strength: float = 0.35,
         layout_share: float = 1.0,
+        prune_factor: int = 0,
+        prune_at: float = 0.2,
     ) -> None:
         """``variation_share``: the share of each iteration's slots (after the first) spent on
         noise variations of the best candidate; 0 proposes none. ``variation_strength``: how
@@ -76,15 +81,28 @@ class SearchReviser:
         ``layout_share``: the share of the first iteration's slots drawn from the goal's
         layout, when it has one (rounded half up); 0 never lays a goal out. All by default:
         with the shapes model and CLIP, every plain candidate in place of a layout one made
-        the CLIP-chosen image right less often (docs/layouts.md)."""
+        the CLIP-chosen image right less often (docs/layouts.md).
+
+        ``prune_factor``: when above 1, the first iteration (the one that explores fresh
+        seeds) previews ``prune_factor`` times as many candidates as it finishes: each
+        template's candidates form a prune group, cut after ``prune_at`` of the steps (at
+        least one step, fewer than all) to the best previews, as many as it would otherwise
+        propose. The factor shrinks until the group's cost (``generation_cost``) fits the
+        budget left. Off by default (docs/engine.md, "Pruning", has the measurements)."""
         for name, value in (("variation_share", variation_share), ("layout_share", layout_share)):
             if not (math.isfinite(value) and 0 <= value <= 1):
                 raise ValueError(f"{name} {value} is not in [0, 1]")
         if not (math.isfinite(variation_strength) and 0 < variation_strength <= 1):
             raise ValueError(f"variation_strength {variation_strength} is not in (0, 1]")
+        if isinstance(prune_factor, bool) or not isinstance(prune_factor, int) or prune_factor < 0:
+            raise ValueError(f"prune_factor {prune_factor!r} is not an integer >= 0")
+        if not (math.isfinite(prune_at) and 0 < prune_at < 1):
+            raise ValueError(f"prune_at {prune_at} is not in (0, 1)")
         self.variation_share = variation_share
         self.variation_strength = variation_strength
         self.layout_share = layout_share
+        self.prune_factor = prune_factor
+        self.prune_at = prune_at
 
     def propose(self, ctx: ReviserContext) -> Proposal:
         rng = random.Random(derive_seed(ctx.spec.seed, ctx.iteration, 0, salt=7))
@@ -124,19 +142,48 @@ class SearchReviser:
         return Proposal(drafts, notes)
 
     def _first(self, ctx: ReviserContext, used: set[Identity]) -> Proposal:
-        """The first iteration: fresh seeds of the goal text, and of its layout if it has one."""
+        """The first iteration: fresh seeds of the goal text, and of its layout if it has one;
+        with pruning, a wider fan-out of each that is cut back to as many mid-denoise."""
         plan = None
         if self.layout_share > 0 and _draws_layouts(ctx.spec.model):
             plan = plan_layout(ctx.parts)
         n_layout = math.floor(ctx.n * self.layout_share + 0.5) if plan else 0
-        drafts = self._reseeds(ctx, [(ctx.spec.goal, ())], ctx.n - n_layout, used, parent=None)
+        keeps = {SEED: ctx.n - n_layout, LAYOUT: n_layout}
+        factor, at_step = self._prune_plan(ctx, keeps)
+        drafts = self._reseeds(
+            ctx, [(ctx.spec.goal, ())], keeps[SEED] * factor, used, parent=None
+        )
         notes: dict[str, object] = {"strategy": "seeds", "reason": "no scored candidates yet"}
         if plan:
             drafts += self._reseeds(
-                ctx, [(ctx.spec.goal, plan)], n_layout, used, parent=None, edit=LAYOUT, salt=1000
+                ctx, [(ctx.spec.goal, plan)], keeps[LAYOUT] * factor, used, parent=None,
+                edit=LAYOUT, salt=1000,
             )
             notes["layout"] = [list(region) for region in plan]
+        if factor > 1:
+            drafts = [
+                replace(d, prune_group=d.edit, prune_keep=keeps[d.edit or SEED],
+                        prune_at_step=at_step)
+                for d in drafts
+            ]
+            notes["pruning"] = {"factor": factor, "at_step": at_step,
+                                "previewed": len(drafts), "finishing": ctx.n}
         return Proposal(drafts, notes)
+
+    def _prune_plan(self, ctx: ReviserContext, keeps: dict[str, int]) -> tuple[int, int]:
+        """(factor, step): the widest factor up to ``prune_factor`` whose groups fit the budget
+        left, and the step to cut after; factor 1 where pruning is off or cannot fit."""
+        steps = ctx.spec.steps
+        at_step = min(steps - 1, max(1, round(self.prune_at * steps)))
+        if self.prune_factor <= 1 or steps < 2:
+            return 1, at_step
+        left = ctx.n if ctx.budget_left is None else ctx.budget_left
+        for factor in range(self.prune_factor, 1, -1):
+            cost = sum(k + math.ceil((factor - 1) * k * at_step / steps - 1e-9)
+                       for k in keeps.values())
+            if cost <= left:
+                return factor, at_step
+        return 1, at_step
 
     def _reseeds(
         self, ctx: ReviserContext, templates: list[Template], n: int, used: set[Identity],

@@ -33,7 +33,8 @@ class Event(BaseModel):
     candidate.started (candidate_id, iteration, attempt, worker), candidate.succeeded
     (candidate_id, iteration, attempt, clip_score, part_scores, image_url), candidate.failed
     (candidate_id, iteration, attempt, error, retry), candidate.cancelled (candidate_id,
-    iteration, reason). Scores are CLIPScore = 2.5 * max(cos, 0), from 0 to 2.5."""
+    iteration, reason), candidate.pruned (candidate_id, iteration, attempt, pruned_at_step,
+    preview_score, generation_cost, image_url: cut mid-denoise by its prune group). Scores are CLIPScore = 2.5 * max(cos, 0), from 0 to 2.5."""
 
     id: int
     goal_id: str

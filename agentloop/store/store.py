@@ -43,6 +43,7 @@ from agentloop.domain import (
     IterationView,
     Webhook,
     WebhookDeliveryView,
+    generation_cost,
 )
 from agentloop.store.models import (
     CandidateRow,
@@ -95,13 +96,16 @@ UNFINISHED_CANDIDATE = (CandidateStatus.QUEUED.value, CandidateStatus.RUNNING.va
 
 @dataclass(frozen=True)
 class Outcome:
-    """What a worker records for one generated candidate."""
+    """What a worker records for one generated candidate: succeeded with its score, or pruned
+    (``clip_score`` None, the preview as its image, ``timings`` holding ``pruned_at_step``
+    and ``preview_score``)."""
 
     candidate_id: str
-    clip_score: float
+    clip_score: float | None
     part_scores: dict[str, float]
     artifact_uri: str
     timings: dict[str, float]
+    status: CandidateStatus = CandidateStatus.SUCCEEDED
 
 
 def utcnow() -> datetime:
@@ -268,18 +272,19 @@ class Store:
     # generation workers ---------------------------------------------------------------
 
     def claim_candidates(
-        self, ids: Sequence[str], worker: str, lease_seconds: float, max_attempts: int
+        self, ids: Sequence[str], worker: str, lease_seconds: float, max_attempts: int,
+        token: str | None = None,
     ) -> list[CandidateView]:
         """Claim candidates for `worker`, in one statement: queued ones, and running ones whose
         lease has expired, of goals that are still active, with attempts left.
 
-        Each claimed candidate carries one new `claim_token` (shared by this call's batch) and a
-        lease of `lease_seconds` on the database clock. Returns only what this call claimed: a
-        duplicate delivery claims nothing.
+        Each claimed candidate carries one new `claim_token` (shared by this call's batch; or
+        `token`, to add to a claim already held) and a lease of `lease_seconds` on the database
+        clock. Returns only what this call claimed: a duplicate delivery claims nothing.
         """
         if not ids:
             return []
-        token = new_id()
+        token = token or new_id()
         with self._tx() as s:
             now = self._now(s)
             active = select(GoalRow.id).where(GoalRow.status.in_(ACTIVE_GOAL))
@@ -313,6 +318,30 @@ class Store:
             ])
         return [views[i] for i in ids if i in views]
 
+    def prune_siblings(self, claimed: Sequence[CandidateView]) -> list[str]:
+        """Queued candidates of the prune groups of `claimed` that are not among them: a worker
+        that claims part of a group claims the rest too, so that the group is previewed and
+        cut as one, however its messages were split or coalesced."""
+        groups = {(c.goal_id, c.iteration, c.prune_group) for c in claimed if c.prune_group}
+        if not groups:
+            return []
+        have = {c.id for c in claimed}
+        with self._tx() as s:
+            rows = s.execute(
+                select(CandidateRow.id, CandidateRow.goal_id, CandidateRow.iteration,
+                       CandidateRow.params)
+                .where(
+                    CandidateRow.goal_id.in_({g for g, _, _ in groups}),
+                    CandidateRow.iteration.in_({i for _, i, _ in groups}),
+                    CandidateRow.status == CandidateStatus.QUEUED.value,
+                )
+                .order_by(CandidateRow.goal_id, CandidateRow.iteration, CandidateRow.ordinal)
+            ).all()
+        return [
+            cid for cid, goal_id, iteration, params in rows
+            if cid not in have and (goal_id, iteration, (params or {}).get("prune_group")) in groups
+        ]
+
     def renew_leases(self, ids: Sequence[str], token: str, lease_seconds: float) -> set[str]:
         """Extend the leases this claim still holds; returns the ids it still holds."""
         if not ids:
@@ -332,7 +361,8 @@ class Store:
         return set(held)
 
     def complete_candidates(self, token: str, outcomes: Sequence[Outcome]) -> list[str]:
-        """running → succeeded for each outcome this claim still holds, in one transaction.
+        """running → succeeded (or → pruned) for each outcome this claim still holds, in one
+        transaction.
 
         Returns the ids completed; a candidate whose claim was lost (lease expired and taken
         back, goal cancelled and the candidate dropped) is left alone.
@@ -349,25 +379,35 @@ class Store:
                     update(table)
                     .where(table.c.id == bindparam("b_id"))
                     .values(
-                        status=CandidateStatus.SUCCEEDED.value, clip_score=bindparam("b_score"),
+                        status=bindparam("b_status"), clip_score=bindparam("b_score"),
                         part_scores=bindparam("b_parts"), artifact_uri=bindparam("b_uri"),
                         timings=bindparam("b_timings"), finished_at=now, lease_expires_at=None,
                     ),
                     [
-                        {"b_id": cid, "b_score": by_id[cid].clip_score,
-                         "b_parts": by_id[cid].part_scores, "b_uri": by_id[cid].artifact_uri,
-                         "b_timings": by_id[cid].timings}
+                        {"b_id": cid, "b_status": by_id[cid].status.value,
+                         "b_score": by_id[cid].clip_score, "b_parts": by_id[cid].part_scores,
+                         "b_uri": by_id[cid].artifact_uri, "b_timings": by_id[cid].timings}
                         for cid in held
                     ],
                 )
             events = []
             for cid, h in held.items():
                 o = by_id[cid]
-                events.append((h.goal_id, "candidate.succeeded", {
+                data: dict[str, Any] = {
                     "candidate_id": cid, "iteration": h.iteration, "attempt": h.attempts,
-                    "clip_score": o.clip_score, "part_scores": o.part_scores,
-                    "image_url": f"/v1/artifacts/{o.artifact_uri}",
-                }))
+                }
+                if o.status is CandidateStatus.PRUNED:
+                    data |= {"pruned_at_step": o.timings.get("pruned_at_step"),
+                             "preview_score": o.timings.get("preview_score"),
+                             "generation_cost": o.timings.get("generation_cost"),
+                             "image_url": f"/v1/artifacts/{o.artifact_uri}"}
+                    events.append((h.goal_id, "candidate.pruned", data))
+                    continue
+                data |= {"clip_score": o.clip_score, "part_scores": o.part_scores,
+                         "image_url": f"/v1/artifacts/{o.artifact_uri}"}
+                if "preview_score" in o.timings:
+                    data["preview_score"] = o.timings["preview_score"]
+                events.append((h.goal_id, "candidate.succeeded", data))
             _append_events(s, now, events)
         return [cid for cid in by_id if cid in held]
 
@@ -1025,7 +1065,7 @@ def _insert_iteration(
     """Reserve the budget and insert the next iteration with its candidates; its index and
     candidate ids."""
     goal = state.goal
-    n = len(d.new_candidates)
+    n = generation_cost(d.new_candidates, goal.spec.steps)
     reserved = s.execute(
         update(GoalRow)
         .where(GoalRow.id == goal.id, GoalRow.generations_reserved + n <= GoalRow.budget)
@@ -1051,7 +1091,8 @@ def _insert_iteration(
         {
             "id": new_id(), "goal_id": goal.id, "iteration_id": iteration_id, "iteration": index,
             "ordinal": ordinal, "prompt": draft.prompt, "negative_prompt": draft.negative_prompt,
-            "seed": draft.seed, "params": params | draft.noise_and_layout_params(),
+            "seed": draft.seed,
+            "params": params | draft.noise_and_layout_params() | draft.prune_params(),
             "status": CandidateStatus.QUEUED.value, "attempts": 0, "part_scores": {},
             "timings": {}, "parent_id": draft.parent_id, "edit": draft.edit, "queued_at": now,
         }
