@@ -20,8 +20,8 @@ from agentloop.domain import (
     IterationStatus,
     Reclaim,
     StopReason,
-    split_parts,
 )
+from agentloop.parts import goal_parts
 from agentloop.revisers import ReviserContext, get_reviser, objective
 from agentloop.settings import Settings
 from agentloop.store import IdempotencyClaim, Store, utcnow
@@ -47,6 +47,8 @@ class Policy:
     idle_queues: frozenset[str] = frozenset()
     """Models whose generation queue the sweep saw empty: a candidate of theirs sent over
     `outbox_grace_seconds` ago and still queued lost its message."""
+    goal_parser: str = "rules"
+    """The goal parser that splits goals into parts (`agentloop.parts`)."""
 
     @classmethod
     def of(cls, settings: Settings) -> Policy:
@@ -54,6 +56,7 @@ class Policy:
             outbox_grace_seconds=settings.outbox_grace_seconds,
             redispatch_after_seconds=settings.redispatch_after_seconds,
             max_attempts=settings.max_attempts,
+            goal_parser=settings.goal_parser,
         )
 
 
@@ -65,7 +68,8 @@ def step(state: GoalState, policy: Policy, now: datetime) -> Decision:
     if goal.status.terminal:
         return d
     taken_back = {r.candidate_id: r for r in d.reclaim}
-    parts = split_parts(spec.goal)
+    structured = goal_parts(spec.goal, policy.goal_parser)
+    parts = tuple(p.text for p in structured)
     open_it = next((it for it in state.iterations if it.status is IterationStatus.OPEN), None)
     if open_it is not None:
         cands = [
@@ -97,7 +101,9 @@ def step(state: GoalState, policy: Policy, now: datetime) -> Decision:
     n = min(spec.fanout, goal.budget - goal.generations_reserved)
     reviser = get_reviser(spec.reviser)
     index = max((it.index for it in state.iterations), default=-1) + 1
-    proposal = reviser.propose(ReviserContext(spec, parts, index, n, state.candidates))
+    proposal = reviser.propose(
+        ReviserContext(spec, parts, index, n, state.candidates, goal_parts=structured)
+    )
     if not proposal.candidates:
         if goal.status is not GoalStatus.WAITING:
             d.goal_status = GoalStatus.WAITING

@@ -31,7 +31,7 @@ from diffusers import DiffusionPipeline, FluxPipeline, StableDiffusionPipeline
 from engine.config import EngineConfig
 from engine.loading import load_pipeline
 from engine.regions import region_weights
-from engine.types import GenerationRequest, GenerationResult
+from engine.types import MAX_REGION_SCALE, GenerationRequest, GenerationResult
 
 TEXT_CACHE_SIZE = 4096
 """Most texts whose embeddings the runner keeps (least recently used are dropped)."""
@@ -149,6 +149,9 @@ class Runner:
                 value = getattr(region, name)
                 if not (isinstance(value, int | float) and math.isfinite(value) and 0 <= value <= 1):
                     problems.append(f"region {k} {name} {value!r} is not a number in [0, 1]")
+            scale = region.scale
+            if not (isinstance(scale, int | float) and math.isfinite(scale) and 0 < scale <= MAX_REGION_SCALE):
+                problems.append(f"region {k} scale {scale!r} is not a number in (0, {MAX_REGION_SCALE:g}]")
         return problems
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:

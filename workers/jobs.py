@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agentloop.dispatch import Dispatcher, dispatch_generation, queue_depth
-from agentloop.domain import CandidateStatus, CandidateView, split_parts
+from agentloop.domain import CandidateStatus, CandidateView
 from agentloop.orchestrator import Policy, advance
+from agentloop.parts import goal_parts, part_regions
 from agentloop.settings import Settings
 from agentloop.store import Outcome, Store
 from engine.types import GenerationRequest, Region, ScoreRequest
@@ -175,7 +176,8 @@ def _generate_and_record(ctx: WorkerContext, token: str, claimed: list[Candidate
             group, requests = _refuse_invalid(ctx, token, runner, claimed_group)
             if not group:
                 continue
-            score_requests = [ScoreRequest(texts[c.goal_id], split_parts(texts[c.goal_id])) for c in group]
+            score_requests = [_score_request(texts[c.goal_id], c, ctx.settings.goal_parser)
+                              for c in group]
             t0 = time.perf_counter()
             results = runner.generate(requests)
             t1 = time.perf_counter()
@@ -233,6 +235,14 @@ def _request(c: CandidateView) -> GenerationRequest:
         variation_strength=c.variation_strength,
         regions=tuple(Region(*region) for region in c.regions),
     )
+
+
+def _score_request(goal: str, c: CandidateView, parser: str) -> ScoreRequest:
+    """What a candidate is judged on: the goal, and each of its parts on the region where it
+    should be (the candidate's layout, else the places the goal gives; `part_regions`)."""
+    parts = goal_parts(goal, parser)
+    regions = tuple(None if r is None else Region(*r) for r in part_regions(parts, c.regions))
+    return ScoreRequest(goal, tuple(p.text for p in parts), regions)
 
 
 def _save_png(root: Path, cand: CandidateView, image) -> Path:  # noqa: ANN001 - PIL image

@@ -127,7 +127,7 @@ class SearchReviser:
         """The first iteration: fresh seeds of the goal text, and of its layout if it has one."""
         plan = None
         if self.layout_share > 0 and _draws_layouts(ctx.spec.model):
-            plan = plan_layout(ctx.parts)
+            plan = plan_layout(ctx.goal_parts or ctx.parts)
         n_layout = math.floor(ctx.n * self.layout_share + 0.5) if plan else 0
         drafts = self._reseeds(ctx, [(ctx.spec.goal, ())], ctx.n - n_layout, used, parent=None)
         notes: dict[str, object] = {"strategy": "seeds", "reason": "no scored candidates yet"}
