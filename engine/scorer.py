@@ -56,13 +56,19 @@ def clip_score(cosine: float) -> float:
 def region_views(image: Image.Image, regions: Sequence[Region]) -> list[Image.Image]:
     """One view of ``image`` per region: the region kept (by its layout weight among
     ``regions``), everything else blended to the background, the per-channel median of the
-    image's border pixels."""
+    image's border pixels. A lone region competes with its mirror image across the center
+    (a lone centered one keeps the whole image)."""
     arr = np.asarray(image.convert("RGB"), dtype=np.float32)
     border = np.concatenate([arr[0], arr[-1], arr[1:-1, 0], arr[1:-1, -1]])
     background = np.median(border, axis=0)
+    regions = list(regions)
+    n = len(regions)
+    if n == 1 and (regions[0].x, regions[0].y) != (0.5, 0.5):
+        r = regions[0]
+        regions.append(Region("", 1.0 - r.x, 1.0 - r.y, r.scale))
     weights = region_weights(regions, arr.shape[0], arr.shape[1]).numpy()[..., None]
     views = arr[None] * weights + background * (1.0 - weights)
-    return [Image.fromarray(np.clip(np.rint(v), 0, 255).astype(np.uint8)) for v in views]
+    return [Image.fromarray(np.clip(np.rint(v), 0, 255).astype(np.uint8)) for v in views[:n]]
 
 
 def _register_config(model_name: str, config_path: str | None) -> None:

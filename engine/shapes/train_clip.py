@@ -294,6 +294,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--swap-prob", type=float, default=0.0,
                     help="chance that a scene of several objects gets a binding negative (an "
                          "attribute swapped between two objects) instead of a changed attribute")
+    ap.add_argument("--pair-weight", type=float, default=0.0,
+                    help="weight of a loss that ranks each image's caption above its own hard "
+                         "negative alone (focuses the gradient on the negatives)")
     ap.add_argument("--init", default=None,
                     help="start from these weights (a safetensors state dict) instead of random: "
                          "fine-tuning")
@@ -350,6 +353,12 @@ def main(argv: list[str] | None = None) -> None:
         tt = target[:, : args.batch].T
         loss_t = -(tt / tt.sum(1, keepdim=True) * t2i.log_softmax(1)).sum(1).mean()
         loss = (loss_i + loss_t) / 2
+        if args.pair_weight > 0:  # each image against its own hard negative alone
+            rows = torch.arange(args.batch)
+            pair = torch.stack([logits[rows, rows], logits[rows, rows + args.batch]], dim=1)
+            real = target[rows, rows + args.batch] == 0  # a negative that is no negative
+            loss_pair = F.cross_entropy(pair[real], torch.zeros(int(real.sum()), dtype=torch.long))
+            loss = loss + args.pair_weight * loss_pair
         opt.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
