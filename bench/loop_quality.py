@@ -276,7 +276,7 @@ def _label(kind: str) -> str:
 def _print_table(results: dict[str, dict[str, float]], budgets: list[int], n_goals: int,
                  args: argparse.Namespace) -> None:
     def cell(r: dict[str, float], key: str, width: int, sign: str = "") -> str:
-        return f"{r[key]:>{width}{sign}.2f}" if key in r else f"{'-':>{width}}"
+        return f"{r[key]:>{sign}{width}.2f}" if key in r else f"{'-':>{width}}"
 
     print(f"\nSuccess rate judged by the exact checker (all requested attributes right), "
           f"{n_goals} held-out goals per kind, model {args.model}, scorer {args.scorer}, "
