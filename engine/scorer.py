@@ -138,7 +138,7 @@ class Scorer:
             regions = request.regions or (None,) * len(request.parts)
             placed = [r for r in regions if r is not None]
             part_views = iter(region_views(image, placed)) if placed else iter(())
-            row = []
+            row: list[tuple[str, str, int | None]] = []
             for part, region in zip(request.parts, regions, strict=True):
                 if region is None:
                     row.append((part, part, None))
@@ -147,7 +147,7 @@ class Scorer:
                     row.append((part, region.prompt, len(views) - 1))
             judged.append(row)
         image_emb = self._encode_images([*images, *views])
-        texts = {r.text for r in requests} | {t for row in judged for _, t, _ in row}
+        texts = {r.text for r in requests} | {t for line in judged for _, t, _ in line}
         text_emb = self._encode_texts(sorted(texts))
         results = []
         for k, (request, row) in enumerate(zip(requests, judged, strict=True)):

@@ -1,7 +1,7 @@
-"""A procedural world of 32x32 images of one or two flat shapes, with captions.
+"""A procedural world of 32x32 images of one to three flat shapes, with captions.
 
 The grammar: each object has a color (8), a shape (5), a size (2) and a position (5); a scene
-has one or two objects on a plain background (3). Captions come from templates with
+has one to three objects on a plain background (3); three objects are small, on three sides. Captions come from templates with
 paraphrases and varied word order; two-object captions join two object phrases with "and".
 
 Everything is deterministic from a seed. A fixed split holds out 40 of the 200
