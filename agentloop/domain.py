@@ -388,14 +388,36 @@ def webhook_of(spec: GoalSpec, req: GoalRequest, settings: Settings) -> Webhook 
     return Webhook(spec.webhook["url"], tuple(spec.webhook["events"]), secret)
 
 
-Layout = tuple[tuple[str, float, float], ...]
-"""A layout: (prompt, x, y) per region, the anchor in [0, 1] from the top-left corner."""
+LayoutEntry = tuple[str, float, float] | tuple[str, float, float, float]
+"""One region of a layout: (prompt, x, y), or (prompt, x, y, scale) for a region whose reach
+differs from 1 (a size word: "a small ..." 0.85, "a large ..." 1.2)."""
+
+Layout = tuple[LayoutEntry, ...]
+"""A layout: one entry per region, the anchor (x, y) in [0, 1] from the top-left corner."""
+
+
+def layout_entry(prompt: str, x: float, y: float, scale: float = 1.0) -> LayoutEntry:
+    """A layout entry in its one canonical form: three values when the scale is 1 (as layouts
+    were before scales existed, so stored params and API bodies read the same), else four."""
+    if float(scale) == 1.0:
+        return (str(prompt), float(x), float(y))
+    return (str(prompt), float(x), float(y), float(scale))
+
+
+def entry_values(entry: Sequence[Any]) -> tuple[str, float, float, float]:
+    """(prompt, x, y, scale) of a layout entry of three or four values."""
+    if len(entry) not in (3, 4):
+        raise ValueError(f"a layout entry is (prompt, x, y[, scale]), not {list(entry)!r}")
+    prompt, x, y, *rest = entry
+    return (str(prompt), float(x), float(y), float(rest[0]) if rest else 1.0)
 
 
 def split_parts(text: str) -> tuple[str, ...]:
-    """Split a goal into the parts a score is kept for ("a red circle and a blue square")."""
-    parts = [p.strip(" ,.") for p in re.split(r",?\s+and\s+|;\s*", text) if p.strip(" ,.")]
-    return tuple(parts) if len(parts) > 1 else ()
+    """The parts a score is kept for ("a red circle, plus a blue square"), by the rule
+    parser (`agentloop.parts`); () for a goal of one object."""
+    from agentloop.parts import part_texts
+
+    return part_texts(text)
 
 
 @dataclass
@@ -443,8 +465,8 @@ class CandidateView:
 
     @property
     def regions(self) -> Layout:
-        """Its layout, (prompt, x, y) per region, from its params (() for none)."""
-        return tuple((str(p), float(x), float(y)) for p, x, y in self.params.get("regions", ()))
+        """Its layout, (prompt, x, y[, scale]) per region, from its params (() for none)."""
+        return tuple(layout_entry(*entry_values(r)) for r in self.params.get("regions", ()))
 
     @property
     def prune_group(self) -> str | None:
@@ -559,8 +581,10 @@ class CandidateDraft:
     variation_strength: float = 0.0
     """How far toward ``variation_seed``'s noise, in [0, 1]; 0 is ``seed``'s own noise."""
     regions: Layout = ()
-    """A layout, (prompt, x, y) per region: each region's prompt draws the area nearest its
-    anchor (x, y in [0, 1] from the top-left). Empty: ``prompt`` draws the whole image."""
+    """A layout, (prompt, x, y[, scale]) per region: each region's prompt draws the area
+    nearest its anchor (x, y in [0, 1] from the top-left; a scale above 1 reaches further).
+    Empty: ``prompt`` draws the whole image. A goal's planned layout has one region per part,
+    in the parts' order."""
     prune_group: str | None = None
     """Names a prune group within its iteration: its members run together, are previewed
     after ``prune_at_step`` steps, and only the ``prune_keep`` best finish (the others end
@@ -592,7 +616,7 @@ class CandidateDraft:
             params |= {"variation_seed": self.variation_seed,
                        "variation_strength": self.variation_strength}
         if self.regions:
-            params["regions"] = [[prompt, float(x), float(y)] for prompt, x, y in self.regions]
+            params["regions"] = [list(layout_entry(*entry_values(r))) for r in self.regions]
         return params
 
 

@@ -70,6 +70,12 @@ def _label(row: dict[str, Any]) -> str:
     return label
 
 
+def _part_lines(row: dict[str, Any]) -> str:
+    """Each part's score (judged on its region where the candidate has one), one line each."""
+    parts = row.get("part_scores") or {}
+    return "".join(f"<br><small>{html.escape(p)}: {v:.3f}</small>" for p, v in parts.items())
+
+
 def _html(data: dict[str, Any]) -> str:
     esc = html.escape
     best_id = next((r["id"] for r in data["candidates"] if r["prompt"] == data["best_prompt"]
@@ -81,7 +87,7 @@ def _html(data: dict[str, Any]) -> str:
         cls = "cand best" if r["id"] == best_id else "cand"
         cells.setdefault(r["iteration"], []).append(
             f'<figure class="{cls}">{img}<figcaption><b>{score}</b> · seed {r["seed"]}'
-            f'<br>{esc(r["prompt"])}<br><i>{esc(_label(r))}</i></figcaption></figure>'
+            f'<br>{esc(r["prompt"])}<br><i>{esc(_label(r))}</i>{_part_lines(r)}</figcaption></figure>'
         )
     sections = "".join(
         f"<h2>Iteration {i}</h2><div class=grid>{''.join(cs)}</div>" for i, cs in sorted(cells.items())

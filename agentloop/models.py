@@ -21,7 +21,7 @@ from agentloop.domain import (
     IterationStatus,
     PromptText,
 )
-from agentloop.layout import MAX_REGIONS
+from agentloop.layout import MAX_REGION_SCALE, MAX_REGIONS
 
 if TYPE_CHECKING:
     from agentloop.domain import (
@@ -190,6 +190,11 @@ class RegionIn(BaseModel):
     prompt: Annotated[PromptText, Field(min_length=1)]
     x: FiniteFloat = Field(ge=0, le=1, description="anchor, 0 = left edge, 1 = right edge")
     y: FiniteFloat = Field(ge=0, le=1, description="anchor, 0 = top edge, 1 = bottom edge")
+    scale: FiniteFloat = Field(
+        default=1.0, gt=0, le=MAX_REGION_SCALE,
+        description="how far the region reaches relative to others (a large object's 1.2, a "
+        "small one's 0.85); default 1",
+    )
 
 
 class PromptIn(BaseModel):

@@ -26,9 +26,9 @@ from agentloop.domain import (
     finishing,
     generation_cost,
     prune_problems,
-    split_parts,
 )
 from agentloop.llm import LlmConfig
+from agentloop.parts import goal_parts
 from agentloop.revisers import Proposal, Reviser, ReviserContext, get_reviser, objective
 from agentloop.settings import Settings
 from agentloop.store import IdempotencyClaim, Store, utcnow
@@ -56,6 +56,8 @@ class Policy:
     `outbox_grace_seconds` ago and still queued lost its message."""
     llm: LlmConfig | None = None
     """The endpoint the `llm` reviser asks (None: none configured; it falls back to search)."""
+    goal_parser: str = "rules"
+    """The goal parser that splits goals into parts (`agentloop.parts`)."""
 
     @classmethod
     def of(cls, settings: Settings) -> Policy:
@@ -64,6 +66,7 @@ class Policy:
             redispatch_after_seconds=settings.redispatch_after_seconds,
             max_attempts=settings.max_attempts,
             llm=LlmConfig.of(settings),
+            goal_parser=settings.goal_parser,
         )
 
 
@@ -94,7 +97,8 @@ def step(
     if goal.status.terminal:
         return d
     taken_back = {r.candidate_id: r for r in d.reclaim}
-    parts = split_parts(spec.goal)
+    structured = goal_parts(spec.goal, policy.goal_parser)
+    parts = tuple(p.text for p in structured)
     open_it = next((it for it in state.iterations if it.status is IterationStatus.OPEN), None)
     if open_it is not None:
         cands = [
@@ -127,7 +131,8 @@ def step(
     n = min(spec.fanout, left)
     reviser = get_reviser(spec.reviser, policy.llm)
     index = max((it.index for it in state.iterations), default=-1) + 1
-    ctx = ReviserContext(spec, parts, index, n, state.candidates, left)
+    ctx = ReviserContext(spec, parts, index, n, state.candidates, left,
+                         goal_parts=structured)
     key = _fingerprint(state.goal.id, ctx)
     proposal = proposals.get(key) if proposals is not None else None
     if proposal is None:

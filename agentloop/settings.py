@@ -34,6 +34,10 @@ class Settings(BaseSettings):
     default_scorer: str = "shapes-clip"
     """Scorer used when a goal names none (falls back to tiny-clip if absent)."""
 
+    goal_parser: str = "rules"
+    """How goals are read into parts and places (`agentloop.parts`): a registered parser's
+    name. "rules" (the default) reads joining words, numbers and place phrases."""
+
     extra_models: list[str] = Field(default_factory=list)
     """Hub ids or paths an operator makes available besides the presets (JSON list in the env)."""
 

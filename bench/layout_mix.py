@@ -13,6 +13,14 @@ object.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# Run as `python bench/<name>.py`, the script's folder comes first on sys.path, where the
+# queue bench (bench/queue.py) would shadow the standard library's queue that torch imports.
+if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
+    sys.path.pop(0)
+
 import argparse
 import json
 import random

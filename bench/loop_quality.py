@@ -1,11 +1,22 @@
 """Does the loop improve outcomes? Success judged by the exact checker on held-out goals.
 
-For each held-out goal (one-object and two-object) and each budget N:
+For each held-out goal and each budget N:
   (a) a single sample of the goal text,
   (b) best-of-N samples of the goal text, chosen by CLIPScore,
-  (c) agentloop's default loop (search reviser, embedded runtime) with budget N,
+  (c) agentloop's loop (the search reviser by default, embedded runtime) with budget N,
 and the checker (image analysis, no neural network) says whether every requested attribute
-holds in the chosen image. Prints a table; the last line is one JSON object.
+holds in the chosen image. The selection gap is (c)'s oracle, "any of the loop's images is
+right", minus (c): what a perfect verifier would have added. Prints a table; the last line is
+one JSON object.
+
+Kinds of goals (--kinds): 1, 2 and 3 objects with their places ("a small red circle on the
+left and ..."); 2-noplace, two objects without place words (the planner places them);
+2-phrased, two placed objects joined by a comma, "with", "plus", "as well as", "together
+with" or "alongside" instead of "and".
+
+Another reviser, or the search reviser with options: --reviser NAME and --reviser-option
+KEY=VALUE (repeatable; options the reviser's constructor does not take are reported and left
+out, so one command line serves revisers with and without them).
 
 The budget counts generations (images). A candidate drawn from a layout costs one denoiser
 pass per region, so the loop may spend more compute than N plain samples: the table gives
@@ -13,22 +24,33 @@ the loop's denoiser passes per goal and (b) again at that compute, best-of-M wit
 loop's mean passes rounded up.
 
     python bench/loop_quality.py            # full run
-    python bench/loop_quality.py --quick    # small run, under 5 minutes
+    python bench/loop_quality.py --quick    # small run
+    python bench/loop_quality.py --goals 20 --budgets 16 --no-baselines
 """
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# Run as `python bench/<name>.py`, the script's folder comes first on sys.path, where the
+# queue bench (bench/queue.py) would shadow the standard library's queue.
+if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
+    sys.path.pop(0)
+
 import argparse
+import inspect
 import json
 import math
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from PIL import Image
 
-from agentloop.domain import GoalRequest, check_goal, split_parts
+from agentloop.domain import CandidateStatus, GoalRequest, check_goal, split_parts
 from agentloop.revisers import derive_seed
 from agentloop.settings import Settings
 from agentloop.store import Store
@@ -54,13 +76,75 @@ def sample_baselines(
             [scores[i * n_max:(i + 1) * n_max] for i in range(len(goals))])
 
 
-def run_loops(store: Store, settings: Settings, residency: Residency, texts: list[str],
-              budget: int) -> list[tuple[Image.Image, int, int]]:
-    """agentloop's default loop on each goal, all goals side by side in one embedded runtime.
+KINDS = ("1", "2", "3", "2-noplace", "2-phrased")
+JOINERS = (", ", " with ", " plus ", " as well as ", " together with ", " alongside ")
+"""How 2-phrased goals join their two object phrases, in turn."""
 
-    Returns each goal's best image, the generations it used and their denoiser passes.
+
+def goals_of(kind: str, n: int, seed: int) -> list[world.Goal]:
+    """Held-out goals of a kind (see the module docstring); the same seed, the same goals."""
+    if kind in ("1", "2", "3"):
+        return world.heldout_goals(n, objects=int(kind), seed=seed + int(kind))
+    goals = world.heldout_goals(n, objects=2, seed=seed + (20 if kind == "2-phrased" else 10))
+    out = []
+    for i, g in enumerate(goals):
+        if kind == "2-noplace":
+            objects = [{k: v for k, v in o.items() if k != "position"} for o in g.objects]
+            out.append(world.Goal(" and ".join(world.object_phrase(o) for o in objects), objects))
+        else:
+            text = JOINERS[i % len(JOINERS)].join(world.object_phrase(o) for o in g.objects)
+            out.append(world.Goal(text, g.objects))
+    return out
+
+
+def _value(text: str) -> Any:
+    """A reviser option's value: true/false, an int, a float, or the text."""
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def configure_reviser(name: str, options: list[str]) -> tuple[dict[str, Any], list[str]]:
+    """Register reviser ``name`` rebuilt with ``options`` (KEY=VALUE); returns the options
+    used and the names of those its constructor does not take (left out)."""
+    from agentloop.revisers import REVISERS
+
+    if name not in REVISERS:
+        raise SystemExit(f"unknown reviser {name!r}; known: {sorted(REVISERS)}")
+    kwargs = {}
+    for option in options:
+        key, sep, value = option.partition("=")
+        if not sep:
+            raise SystemExit(f"--reviser-option {option!r}: expected KEY=VALUE")
+        kwargs[key.strip().replace("-", "_")] = _value(value.strip())
+    if not kwargs:
+        return {}, []
+    cls = type(REVISERS[name])
+    params = inspect.signature(cls.__init__).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    used = {k: v for k, v in kwargs.items() if takes_any or k in params}
+    ignored = sorted(set(kwargs) - set(used))
+    if ignored:
+        print(f"reviser {name!r} takes no option(s) {ignored}; left out", file=sys.stderr)
+    REVISERS[name] = cls(**used)
+    return used, ignored
+
+
+def run_loops(store: Store, settings: Settings, residency: Residency, goals: list[world.Goal],
+              budget: int, reviser: str = "search") -> list[tuple[Image.Image, int, int, bool]]:
+    """The loop on each goal, all goals side by side in one embedded runtime.
+
+    Returns each goal's best image, the generations it used, their denoiser passes, and
+    whether any of its images is right by the checker (the oracle).
     """
-    specs = [check_goal(GoalRequest(goal=t, budget=budget, seed=i), settings) for i, t in enumerate(texts)]
+    texts = [g.text for g in goals]
+    specs = [check_goal(GoalRequest(goal=t, budget=budget, seed=i, reviser=reviser), settings)
+             for i, t in enumerate(texts)]
     dispatcher, _ctx = embedded_runtime(store, settings, residency)
     try:
         ids = [store.create_goal(spec).id for spec in specs]
@@ -73,25 +157,37 @@ def run_loops(store: Store, settings: Settings, residency: Residency, texts: lis
     finally:
         dispatcher.close()
     out = []
-    for goal_id in ids:
+    root = settings.resolved_artifacts_dir()
+    for goal_id, goal in zip(ids, goals, strict=True):
         state = store.get_state(goal_id)
         best = next(c for c in state.candidates if c.id == state.goal.best_candidate_id)
-        image = Image.open(settings.resolved_artifacts_dir() / best.artifact_uri).convert("RGB")
+        image = Image.open(root / best.artifact_uri).convert("RGB")
         passes = sum(max(1, len(c.regions)) for c in state.candidates)
-        out.append((image, state.goal.generations_reserved, passes))
+        any_right = any(
+            checker.check(Image.open(root / c.artifact_uri).convert("RGB"), goal.objects).all_ok
+            for c in state.candidates
+            if c.status is CandidateStatus.SUCCEEDED and c.artifact_uri
+        )
+        out.append((image, state.goal.generations_reserved, passes, any_right))
     return out
 
 
-def evaluate(n_goals: int, objects: int, budgets: list[int], settings: Settings,
-             residency: Residency, store: Store, seed: int) -> dict[str, float]:
-    goals = world.heldout_goals(n_goals, objects=objects, seed=seed + objects)
+def evaluate(n_goals: int, kind: str, budgets: list[int], settings: Settings,
+             residency: Residency, store: Store, seed: int, reviser: str = "search",
+             baselines: bool = True) -> dict[str, float]:
+    goals = goals_of(kind, n_goals, seed)
     out: dict[str, float] = {}
     for n in budgets:
-        loops = run_loops(store, settings, residency, [g.text for g in goals], n)
+        loops = run_loops(store, settings, residency, goals, n, reviser)
         out[f"loop_{n}"] = sum(checker.check(im, g.objects).all_ok
-                               for (im, _, _), g in zip(loops, goals, strict=True)) / n_goals
-        out[f"loop_{n}_mean_generations"] = sum(used for _, used, _ in loops) / n_goals
-        out[f"loop_{n}_mean_passes"] = sum(passes for _, _, passes in loops) / n_goals
+                               for (im, *_), g in zip(loops, goals, strict=True)) / n_goals
+        out[f"loop_{n}_oracle"] = sum(any_right for *_, any_right in loops) / n_goals
+        out[f"loop_{n}_selection_gap"] = out[f"loop_{n}_oracle"] - out[f"loop_{n}"]
+        out[f"loop_{n}_mean_generations"] = sum(used for _, used, _, _ in loops) / n_goals
+        out[f"loop_{n}_mean_passes"] = sum(passes for _, _, passes, _ in loops) / n_goals
+        print(f"  {kind} goals, N={n}: {out}", file=sys.stderr, flush=True)
+    if not baselines:
+        return out
     matched = {n: max(n, math.ceil(out[f"loop_{n}_mean_passes"] - 1e-9)) for n in budgets}
     spec0 = check_goal(GoalRequest(goal=goals[0].text), settings)
     samples, scores = sample_baselines(residency, spec0, goals, max(matched.values()))
@@ -106,7 +202,7 @@ def evaluate(n_goals: int, objects: int, budgets: list[int], settings: Settings,
         out[f"best_of_{n}"] = best_of(n)
         out[f"best_of_{n}_at_loop_passes"] = best_of(matched[n])
         out[f"loop_{n}_passes_matched_m"] = matched[n]
-        print(f"  {objects}-object goals, N={n}: {out}", file=sys.stderr, flush=True)
+        print(f"  {kind} goals, N={n}: {out}", file=sys.stderr, flush=True)
     return out
 
 
@@ -125,44 +221,56 @@ def main(argv: list[str] | None = None) -> dict:
              "goes to noise variations of the best candidate (default: the shipped reviser)",
     )
     parser.add_argument("--variation-strength", type=float, default=0.35)
+    parser.add_argument("--kinds", default=",".join(KINDS),
+                        help=f"goal kinds to run, comma-separated, of {', '.join(KINDS)}")
+    parser.add_argument("--reviser", default="search", help="the goals' reviser (registered name)")
+    parser.add_argument("--reviser-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="rebuild the reviser with this constructor option (repeatable), "
+                             "e.g. repair=true; options it does not take are left out")
+    parser.add_argument("--no-baselines", action="store_true",
+                        help="skip (a) and (b): only the loop, its oracle and selection gap")
     args = parser.parse_args(argv)
     if args.variation_share is not None:
-        from agentloop.revisers import REVISERS, SearchReviser
+        args.reviser_option = [f"variation_share={args.variation_share}",
+                               f"variation_strength={args.variation_strength}",
+                               *args.reviser_option]
+    from agentloop.revisers import REVISERS
 
-        REVISERS["search"] = SearchReviser(args.variation_share, args.variation_strength)
+    registered = dict(REVISERS)
+    options, ignored = configure_reviser(args.reviser, args.reviser_option)
+    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+    if unknown := [k for k in kinds if k not in KINDS]:
+        raise SystemExit(f"unknown goal kind(s) {unknown}; known: {', '.join(KINDS)}")
     n_goals = 6 if args.quick else args.goals
     budgets = [int(b) for b in args.budgets.split(",")]
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory() as tmp:
-        settings = Settings(data_dir=Path(tmp), default_model=args.model, default_scorer=args.scorer)
-        from agentloop import migrate
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            # a long lease: on a loaded machine a batch can outlast the default 30 s lease and
+            # be taken back and generated again; this bench measures quality, not recovery
+            settings = Settings(data_dir=Path(tmp), default_model=args.model,
+                                default_scorer=args.scorer, lease_seconds=3000,
+                                visibility_timeout=3600)
+            from agentloop import migrate
 
-        url = settings.resolved_database_url()
-        migrate.upgrade(url)
-        store = Store(url)
-        residency = Residency()
-        results = {
-            f"{k}_object": evaluate(n_goals, k, budgets, settings, residency, store, args.seed)
-            for k in (1, 2)
-        }
-        store.dispose()
+            url = settings.resolved_database_url()
+            migrate.upgrade(url)
+            store = Store(url)
+            residency = Residency()
+            results = {
+                _label(k): evaluate(n_goals, k, budgets, settings, residency, store, args.seed,
+                                    args.reviser, not args.no_baselines)
+                for k in kinds
+            }
+            store.dispose()
+    finally:  # leave the registry as it was for whoever runs next in this process
+        REVISERS.clear()
+        REVISERS.update(registered)
     elapsed = time.perf_counter() - t0
-    print(f"\nSuccess rate judged by the exact checker (all requested attributes right), "
-          f"{n_goals} held-out goals per kind, model {args.model}, scorer {args.scorer}\n")
-    header = (f"{'goal kind':<10} {'N':>3} {'(a) single':>11} {'(b) best-of-N':>14} {'(c) loop':>9} "
-              f"{'(c)-(b)':>8} {'loop gens':>10} {'loop passes':>12} {'(b) best-of-M':>14}")
-    print(header)
-    print("-" * len(header))
-    for kind, r in results.items():
-        for n in budgets:
-            m = r[f"loop_{n}_passes_matched_m"]
-            print(f"{kind:<10} {n:>3} {r['single']:>11.2f} {r[f'best_of_{n}']:>14.2f} "
-                  f"{r[f'loop_{n}']:>9.2f} {r[f'loop_{n}'] - r[f'best_of_{n}']:>+8.2f} "
-                  f"{r[f'loop_{n}_mean_generations']:>10.1f} {r[f'loop_{n}_mean_passes']:>12.1f} "
-                  f"{r[f'best_of_{n}_at_loop_passes']:>9.2f} M={m:<3}")
-    print("\nloop passes: denoiser passes per goal (a layout candidate costs one per region); "
-          "best-of-M: (b) with M = the loop's passes rounded up, at equal compute.")
+    _print_table(results, budgets, n_goals, args)
     figures = {"bench": "loop_quality", "goals_per_kind": n_goals, "budgets": budgets,
+               "kinds": kinds, "reviser": args.reviser, "reviser_options": options,
+               "reviser_options_left_out": ignored,
                "variation_share": args.variation_share,
                "variation_strength": args.variation_strength if args.variation_share else None,
                "model": args.model, "scorer": args.scorer, "seconds": round(elapsed, 1), **results}
@@ -170,6 +278,37 @@ def main(argv: list[str] | None = None) -> dict:
         args.json_out.write_text(json.dumps(figures, indent=2))
     print(json.dumps(figures))
     return figures
+
+
+def _label(kind: str) -> str:
+    return f"{kind}_object" if kind.isdigit() else kind.replace("-", "_")
+
+
+def _print_table(results: dict[str, dict[str, float]], budgets: list[int], n_goals: int,
+                 args: argparse.Namespace) -> None:
+    def cell(r: dict[str, float], key: str, width: int, sign: str = "") -> str:
+        return f"{r[key]:>{sign}{width}.2f}" if key in r else f"{'-':>{width}}"
+
+    print(f"\nSuccess rate judged by the exact checker (all requested attributes right), "
+          f"{n_goals} held-out goals per kind, model {args.model}, scorer {args.scorer}, "
+          f"reviser {args.reviser}\n")
+    header = (f"{'goal kind':<11} {'N':>3} {'(a) single':>11} {'(b) best-of-N':>14} "
+              f"{'(c) loop':>9} {'oracle':>7} {'gap':>6} {'(c)-(b)':>8} {'loop gens':>10} "
+              f"{'loop passes':>12} {'(b) best-of-M':>14}")
+    print(header)
+    print("-" * len(header))
+    for kind, r in results.items():
+        for n in budgets:
+            diff = {"d": r[f"loop_{n}"] - r[f"best_of_{n}"]} if f"best_of_{n}" in r else {}
+            m = r.get(f"loop_{n}_passes_matched_m")
+            print(f"{kind:<11} {n:>3} {cell(r, 'single', 11)} {cell(r, f'best_of_{n}', 14)} "
+                  f"{cell(r, f'loop_{n}', 9)} {cell(r, f'loop_{n}_oracle', 7)} "
+                  f"{cell(r, f'loop_{n}_selection_gap', 6)} {cell(diff, 'd', 8, '+')} "
+                  f"{r[f'loop_{n}_mean_generations']:>10.1f} {r[f'loop_{n}_mean_passes']:>12.1f} "
+                  f"{cell(r, f'best_of_{n}_at_loop_passes', 9)} M={m if m is not None else '-'}")
+    print("\noracle: any of the loop's images right; gap: oracle - (c), what a perfect verifier "
+          "would add. loop passes: denoiser passes per goal (a layout candidate costs one per "
+          "region); best-of-M: (b) with M = the loop's passes rounded up, at equal compute.")
 
 
 if __name__ == "__main__":

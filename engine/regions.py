@@ -26,12 +26,14 @@ def region_weights(regions: Sequence[Region], rows: int, cols: int) -> torch.Ten
 
     Position (i, j) is the cell centre ((j + 0.5) / cols, (i + 0.5) / rows); each region's
     weight there is a softmax of its anchor's negative squared distance over ``SOFTNESS``,
-    so the nearest anchor dominates and two anchors share the cells on their border.
+    so the nearest anchor dominates and two anchors share the cells on their border. A
+    region's ``scale`` divides its distances (scale 1.2 reaches 1.2 times as far), so the
+    border between a large and a small object's regions moves toward the small one.
     """
     if not regions:
         raise ValueError("a layout needs at least one region")
     ys = (torch.arange(rows, dtype=torch.float64) + 0.5) / rows
     xs = (torch.arange(cols, dtype=torch.float64) + 0.5) / cols
     yy, xx = torch.meshgrid(ys, xs, indexing="ij")
-    dist = torch.stack([(xx - r.x) ** 2 + (yy - r.y) ** 2 for r in regions])
+    dist = torch.stack([((xx - r.x) ** 2 + (yy - r.y) ** 2) / r.scale**2 for r in regions])
     return torch.softmax(-dist / SOFTNESS, dim=0).float()

@@ -51,7 +51,7 @@ from engine.denoise import (
 from engine.loading import load_pipeline
 from engine.regions import region_weights
 from engine.speedups import apply_speedups
-from engine.types import GenerationRequest, GenerationResult
+from engine.types import MAX_REGION_SCALE, GenerationRequest, GenerationResult
 
 PreviewScorer = Callable[[Sequence[int], Sequence[Image.Image]], Sequence[float]]
 """Scores previews for pruning: called with the positions (in the requests given to
@@ -272,6 +272,9 @@ class Runner:
                 value = getattr(region, name)
                 if not (isinstance(value, int | float) and math.isfinite(value) and 0 <= value <= 1):
                     problems.append(f"region {k} {name} {value!r} is not a number in [0, 1]")
+            scale = region.scale
+            if not (isinstance(scale, int | float) and math.isfinite(scale) and 0 < scale <= MAX_REGION_SCALE):
+                problems.append(f"region {k} scale {scale!r} is not a number in (0, {MAX_REGION_SCALE:g}]")
         return problems
 
     def generate(

@@ -2,6 +2,11 @@
 
 Images are encoded in batches; text embeddings are cached by text, so a goal's prompt and its
 parts are encoded once however many candidates are judged against them.
+
+A part that comes with a region (`ScoreRequest.regions`) is judged where it should be: on a
+view of the image that keeps that region (the layout's own weights, `engine.regions`) and
+fills the rest with the image's background (the median of its border), so the part's object
+is seen alone, at its place and size, and an object of another part cannot stand in for it.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import open_clip
 import torch
 from PIL import Image
@@ -25,7 +31,8 @@ from engine.catalog import (
     preset_seed,
     resolve_scorer,
 )
-from engine.types import ScoreRequest, ScoreResult
+from engine.regions import region_weights
+from engine.types import Region, ScoreRequest, ScoreResult
 
 CLIPSCORE_WEIGHT = 2.5
 """Hessel et al.'s w: CLIPScore = w * max(cos, 0)."""
@@ -44,6 +51,24 @@ TINY_CLIP_CONFIG = {
 def clip_score(cosine: float) -> float:
     """CLIPScore on the Hessel et al. (2021) scale: 2.5 * max(cos, 0)."""
     return CLIPSCORE_WEIGHT * max(cosine, 0.0)
+
+
+def region_views(image: Image.Image, regions: Sequence[Region]) -> list[Image.Image]:
+    """One view of ``image`` per region: the region kept (by its layout weight among
+    ``regions``), everything else blended to the background, the per-channel median of the
+    image's border pixels. A lone region competes with its mirror image across the center
+    (a lone centered one keeps the whole image)."""
+    arr = np.asarray(image.convert("RGB"), dtype=np.float32)
+    border = np.concatenate([arr[0], arr[-1], arr[1:-1, 0], arr[1:-1, -1]])
+    background = np.median(border, axis=0)
+    regions = list(regions)
+    n = len(regions)
+    if n == 1 and (regions[0].x, regions[0].y) != (0.5, 0.5):
+        r = regions[0]
+        regions.append(Region("", 1.0 - r.x, 1.0 - r.y, r.scale))
+    weights = region_weights(regions, arr.shape[0], arr.shape[1]).numpy()[..., None]
+    views = arr[None] * weights + background * (1.0 - weights)
+    return [Image.fromarray(np.clip(np.rint(v), 0, 255).astype(np.uint8)) for v in views[:n]]
 
 
 def _register_config(model_name: str, config_path: str | None) -> None:
@@ -101,19 +126,39 @@ class Scorer:
     def score(
         self, images: Sequence[Image.Image], requests: Sequence[ScoreRequest]
     ) -> list[ScoreResult]:
-        """Score ``images[i]`` against ``requests[i]``: its text, and each of its parts."""
+        """Score ``images[i]`` against ``requests[i]``: its text, and each of its parts (on
+        the part's region where the request gives one, see `region_views`)."""
         if len(images) != len(requests):
             raise ValueError(f"{len(images)} images but {len(requests)} score requests")
         if not images:
             return []
-        image_emb = self._encode_images(images)
-        texts = {t for r in requests for t in (r.text, *r.parts)}
+        views: list[Image.Image] = []
+        judged: list[list[tuple[str, str, int | None]]] = []  # (part, text, view index)
+        for image, request in zip(images, requests, strict=True):
+            regions = request.regions or (None,) * len(request.parts)
+            placed = [r for r in regions if r is not None]
+            part_views = iter(region_views(image, placed)) if placed else iter(())
+            row: list[tuple[str, str, int | None]] = []
+            for part, region in zip(request.parts, regions, strict=True):
+                if region is None:
+                    row.append((part, part, None))
+                else:
+                    views.append(next(part_views))
+                    row.append((part, region.prompt, len(views) - 1))
+            judged.append(row)
+        image_emb = self._encode_images([*images, *views])
+        texts = {r.text for r in requests} | {t for line in judged for _, t, _ in line}
         text_emb = self._encode_texts(sorted(texts))
         results = []
-        for emb, request in zip(image_emb, requests, strict=True):
-            cos = {t: float(emb @ text_emb[t]) for t in (request.text, *request.parts)}
-            parts = {p: clip_score(cos[p]) for p in request.parts}
-            results.append(ScoreResult(clip_score(cos[request.text]), parts))
+        for k, (request, row) in enumerate(zip(requests, judged, strict=True)):
+            whole = image_emb[k]
+            parts = {
+                part: clip_score(float(
+                    (whole if view is None else image_emb[len(images) + view]) @ text_emb[text]
+                ))
+                for part, text, view in row
+            }
+            results.append(ScoreResult(clip_score(float(whole @ text_emb[request.text])), parts))
         return results
 
     def _encode_images(self, images: Sequence[Image.Image]) -> torch.Tensor:

@@ -11,18 +11,23 @@ from PIL import Image
 MAX_REGIONS = 8
 """Most regions one request may lay out (each costs one denoiser pass per step)."""
 
+MAX_REGION_SCALE = 4.0
+"""Largest region scale (how far a region reaches, relative to 1)."""
+
 
 @dataclass(frozen=True)
 class Region:
     """One part of a layout: ``prompt`` rules the area of the image nearest its anchor.
 
     The anchor (``x``, ``y``) is in [0, 1], from the top-left corner: (0.25, 0.5) is the middle
-    of the left half.
+    of the left half. ``scale`` is how far the region reaches: distances from its anchor count
+    1/scale as much (a large object's region 1.2, a small one's 0.85; 1 by default).
     """
 
     prompt: str
     x: float
     y: float
+    scale: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -131,10 +136,23 @@ class GenerationResult:
 
 @dataclass(frozen=True)
 class ScoreRequest:
-    """One image to judge against a text, optionally split into parts."""
+    """One image to judge against a text, optionally split into parts.
+
+    ``regions``, when given, has one entry per part: where that part should be (its prompt is
+    the text judged there), or None to judge the part on the whole image. A part with a region
+    is judged on a view of the image that keeps its region and fills the rest with the
+    background (`engine.scorer.region_views`)."""
 
     text: str
     parts: tuple[str, ...] = ()
+    regions: tuple[Region | None, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.regions and len(self.regions) != len(self.parts):
+            raise ValueError(
+                f"{len(self.regions)} part regions for {len(self.parts)} parts; give one per "
+                "part (None: the whole image) or none"
+            )
 
 
 @dataclass

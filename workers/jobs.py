@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agentloop.dispatch import Dispatcher, dispatch_generation, queue_depth
-from agentloop.domain import CandidateStatus, CandidateView, split_parts
+from agentloop.domain import CandidateStatus, CandidateView
 from agentloop.orchestrator import Policy, advance
+from agentloop.parts import goal_parts, part_regions
 from agentloop.revisers.base import objective_of
 from agentloop.settings import Settings
 from agentloop.store import Outcome, Store
@@ -208,7 +209,8 @@ def _generate_and_record(ctx: WorkerContext, token: str, claimed: list[Candidate
             group, requests = _refuse_invalid(ctx, token, runner, claimed_group)
             if not group:
                 continue
-            score_requests = [ScoreRequest(texts[c.goal_id], split_parts(texts[c.goal_id])) for c in group]
+            score_requests = [_score_request(texts[c.goal_id], c, ctx.settings.goal_parser)
+                              for c in group]
             judge = residency.scorer(scorer)
             t0 = time.perf_counter()
             if any(r.prune_group is not None for r in requests):
@@ -307,6 +309,14 @@ def _request(c: CandidateView) -> GenerationRequest:
         prune_keep=int(c.params.get("prune_keep", 0)),
         prune_at_step=int(c.params.get("prune_at_step", 0)),
     )
+
+
+def _score_request(goal: str, c: CandidateView, parser: str) -> ScoreRequest:
+    """What a candidate is judged on: the goal, and each of its parts on the region where it
+    should be (the candidate's layout, else the places the goal gives; `part_regions`)."""
+    parts = goal_parts(goal, parser)
+    regions = tuple(None if r is None else Region(*r) for r in part_regions(parts, c.regions))
+    return ScoreRequest(goal, tuple(p.text for p in parts), regions)
 
 
 def _save_png(root: Path, cand: CandidateView, image) -> Path:  # noqa: ANN001 - PIL image

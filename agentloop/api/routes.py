@@ -48,6 +48,7 @@ from agentloop.domain import (
     TenantName,
     available_revisers,
     check_goal,
+    layout_entry,
     webhook_of,
 )
 from agentloop.orchestrator import (
@@ -227,7 +228,7 @@ def add_iteration(
             edit="external",
             variation_seed=p.variation_seed,
             variation_strength=p.variation_strength,
-            regions=tuple((r.prompt, r.x, r.y) for r in p.regions),
+            regions=tuple(layout_entry(r.prompt, r.x, r.y, r.scale) for r in p.regions),
         )
         for i, p in enumerate(body.prompts)
     ]

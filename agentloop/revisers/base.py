@@ -6,11 +6,16 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from agentloop.domain import CandidateDraft, CandidateStatus, CandidateView, GoalSpec
+from agentloop.parts import Part
 
 
 @dataclass
 class ReviserContext:
-    """What a reviser sees: the goal, its parts, the whole history, and how many to propose."""
+    """What a reviser sees: the goal, its parts, the whole history, and how many to propose.
+
+    ``parts`` are the part texts (the keys of each candidate's ``part_scores``);
+    ``goal_parts`` the same parts parsed (subject, place, scale; `agentloop.parts`), in the
+    same order, which is also the order of the regions of the goal's planned layout."""
 
     spec: GoalSpec
     parts: tuple[str, ...]
@@ -21,6 +26,7 @@ class ReviserContext:
     budget_left: int | None = None
     """Generations of budget left to reserve (None: n). A proposal with prune groups may hold
     more than ``n`` candidates when only ``n`` finish and ``generation_cost`` fits here."""
+    goal_parts: tuple[Part, ...] = ()
 
     def scored(self) -> list[CandidateView]:
         """Succeeded candidates, best first."""

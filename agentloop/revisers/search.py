@@ -146,7 +146,7 @@ class SearchReviser:
         with pruning, a wider fan-out of each that is cut back to as many mid-denoise."""
         plan = None
         if self.layout_share > 0 and _draws_layouts(ctx.spec.model):
-            plan = plan_layout(ctx.parts)
+            plan = plan_layout(ctx.goal_parts or ctx.parts)
         n_layout = math.floor(ctx.n * self.layout_share + 0.5) if plan else 0
         keeps = {SEED: ctx.n - n_layout, LAYOUT: n_layout}
         factor, at_step = self._prune_plan(ctx, keeps)

@@ -95,6 +95,37 @@ def hard_negative(objects: list[dict[str, str]], rng: random.Random) -> list[dic
     return out
 
 
+SWAPPABLE: tuple[str, ...] = ("color", "shape", "shape", "size", "position")
+"""Attributes a binding negative may swap between two objects (shape twice: the weakest)."""
+
+
+def swap_negative(
+    objects: list[dict[str, str]], rng: random.Random
+) -> list[dict[str, str]] | None:
+    """The objects with one attribute's values swapped between two of them (NegCLIP-style:
+    the same words, bound to the other object), or None when no stated attribute differs
+    between any two objects ("a red circle and a blue square" -> "a blue circle and a red
+    square")."""
+    options = [
+        (i, j, a)
+        for i in range(len(objects))
+        for j in range(i + 1, len(objects))
+        for a in SWAPPABLE
+        if a in objects[i] and a in objects[j] and objects[i][a] != objects[j][a]
+    ]
+    if not options:
+        return None
+    i, j, attr = rng.choice(options)
+    out = [dict(o) for o in objects]
+    out[i][attr], out[j][attr] = objects[j][attr], objects[i][attr]
+    return out
+
+
+def _n_objects(rng: random.Random, two_object_prob: float, three_object_prob: float) -> int:
+    u = rng.random()
+    return 3 if u < three_object_prob else 2 if u < three_object_prob + two_object_prob else 1
+
+
 def _partial(
     objects: list[dict[str, str]], rng: random.Random, drop: float
 ) -> list[dict[str, str]]:
@@ -113,10 +144,14 @@ def _partial(
 
 
 def make_batch(
-    rng: random.Random, n: int, two_object_prob: float, drop: float
+    rng: random.Random, n: int, two_object_prob: float, drop: float,
+    three_object_prob: float = 0.0, swap_prob: float = 0.0,
 ) -> tuple[np.ndarray, list[str], torch.Tensor]:
     """Images, then n positive and n hard-negative captions, and the (n, 2n) target matrix
-    (1 where a caption truly describes an image: duplicates and partial captions included)."""
+    (1 where a caption truly describes an image: duplicates and partial captions included).
+
+    A scene of several objects gets, with probability ``swap_prob``, a binding negative (an
+    attribute swapped between two objects, `swap_negative`) instead of a changed attribute."""
     images = np.empty((n, world.IMAGE_SIZE, world.IMAGE_SIZE, 3), dtype=np.uint8)
     scenes: list[list[dict[str, str]]] = []
     pos: list[str] = []
@@ -124,11 +159,13 @@ def make_batch(
     pos_objs: list[list[dict[str, str]]] = []
     neg_objs: list[list[dict[str, str]]] = []
     for k in range(n):
-        scene = world.sample_scene(rng, 2 if rng.random() < two_object_prob else 1, "train")
+        n_objects = _n_objects(rng, two_object_prob, three_object_prob)
+        scene = world.sample_scene(rng, n_objects, "train")
         images[k] = world.render(scene)
         objs = scene.attributes()
         stated = _partial(objs, rng, drop)
-        negative = hard_negative(stated, rng)
+        swapped = swap_negative(stated, rng) if n_objects > 1 and rng.random() < swap_prob else None
+        negative = swapped or hard_negative(stated, rng)
         for phrases_of, texts in ((stated, pos), (negative, neg)):
             phrases = [world.object_phrase(o, rng) for o in phrases_of]
             rng.shuffle(phrases)
@@ -189,6 +226,42 @@ def zero_shot(model: Any, tokenizer, n: int = 400, seed: int = 1234) -> dict[str
     return {k: v / n for k, v in acc.items()}
 
 
+@torch.no_grad()
+def binding(model: Any, tokenizer, n: int = 200, seed: int = 4321) -> dict[str, float]:
+    """How often the true canonical caption of a held-out two-object render outranks every
+    caption that swaps one attribute between its objects ("swap"), and every caption that
+    changes one attribute of one object ("change")."""
+    model.eval()
+    rng = random.Random(seed)
+    hits = {"swap": 0, "change": 0}
+    counts = {"swap": 0, "change": 0}
+    values = {"color": world.COLOR_NAMES, "shape": world.SHAPES,
+              "size": world.SIZE_NAMES, "position": world.POSITION_NAMES}
+    for _ in range(n):
+        objs = world.sample_objects(rng, 2, "heldout")
+        scene = world.place(objs, rng)
+        img = F.normalize(model.encode_image(image_tensor(world.render(scene)[None], model)), dim=-1)[0]
+        swaps = []
+        for a in SWAPPABLE[:1] + SWAPPABLE[2:]:
+            if objs[0][a] != objs[1][a]:
+                swapped = [dict(o) for o in objs]
+                swapped[0][a], swapped[1][a] = objs[1][a], objs[0][a]
+                swaps.append(swapped)
+        changes = [[{**o, a: v} if i == k else o for i, o in enumerate(objs)]
+                   for k in range(2) for a, vs in values.items() for v in vs if v != objs[k][a]]
+        changes = [c for c in changes if world.fits_together(c)]
+        for kind, others in (("swap", swaps), ("change", changes)):
+            if not others:
+                continue
+            texts = [world.canonical_caption(objs)] + [world.canonical_caption(o) for o in others]
+            emb = F.normalize(model.encode_text(tokenizer(texts)), dim=-1)
+            sims = emb @ img
+            hits[kind] += bool(sims[0] > sims[1:].max())
+            counts[kind] += 1
+    model.train()
+    return {k: hits[k] / max(counts[k], 1) for k in hits}
+
+
 def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
     """Linear warm-up to ``peak``, then cosine decay to 5% of it."""
     if step < warmup:
@@ -216,6 +289,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--two-object-prob", type=float, default=0.3)
+    ap.add_argument("--three-object-prob", type=float, default=0.0,
+                    help="share of three-object scenes (small objects on three sides)")
+    ap.add_argument("--swap-prob", type=float, default=0.0,
+                    help="chance that a scene of several objects gets a binding negative (an "
+                         "attribute swapped between two objects) instead of a changed attribute")
+    ap.add_argument("--pair-weight", type=float, default=0.0,
+                    help="weight of a loss that ranks each image's caption above its own hard "
+                         "negative alone (focuses the gradient on the negatives)")
+    ap.add_argument("--init", default=None,
+                    help="start from these weights (a safetensors state dict) instead of random: "
+                         "fine-tuning")
     ap.add_argument(
         "--drop", type=float, default=0.15, help="chance to leave out each non-shape attribute"
     )
@@ -234,7 +318,7 @@ def main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{MODEL_NAME}.json").write_text(json.dumps(CONFIG, indent=2) + "\n")
     register(out)
-    model, _, _ = open_clip.create_model_and_transforms(MODEL_NAME)
+    model, _, _ = open_clip.create_model_and_transforms(MODEL_NAME, pretrained=args.init)
     tokenizer = open_clip.get_tokenizer(MODEL_NAME)
     n_params = sum(p.numel() for p in model.parameters())
     print(
@@ -257,7 +341,9 @@ def main(argv: list[str] | None = None) -> None:
     for step in range(args.steps):
         for g in opt.param_groups:
             g["lr"] = lr_at(step, args.steps, args.lr, args.warmup)
-        images, texts, target = make_batch(rng, args.batch, args.two_object_prob, args.drop)
+        images, texts, target = make_batch(
+            rng, args.batch, args.two_object_prob, args.drop, args.three_object_prob, args.swap_prob
+        )
         img = F.normalize(model.encode_image(image_tensor(images, model)), dim=-1)
         txt = F.normalize(model.encode_text(tokenizer(texts)), dim=-1)
         scale = model.logit_scale.exp().clamp(max=100)
@@ -267,6 +353,12 @@ def main(argv: list[str] | None = None) -> None:
         tt = target[:, : args.batch].T
         loss_t = -(tt / tt.sum(1, keepdim=True) * t2i.log_softmax(1)).sum(1).mean()
         loss = (loss_i + loss_t) / 2
+        if args.pair_weight > 0:  # each image against its own hard negative alone
+            rows = torch.arange(args.batch)
+            pair = torch.stack([logits[rows, rows], logits[rows, rows + args.batch]], dim=1)
+            real = target[rows, rows + args.batch] == 0  # a negative that is no negative
+            loss_pair = F.cross_entropy(pair[real], torch.zeros(int(real.sum()), dtype=torch.long))
+            loss = loss + args.pair_weight * loss_pair
         opt.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
@@ -300,6 +392,7 @@ def main(argv: list[str] | None = None) -> None:
                         "event": "eval",
                         "step": step + 1,
                         "zero_shot_heldout": acc,
+                        "binding_heldout_two_objects": binding(model, tokenizer),
                         "loss_ema": round(running, 4),
                         "elapsed_s": round(time.time() - start, 1),
                     }

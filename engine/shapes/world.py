@@ -1,7 +1,7 @@
-"""A procedural world of 32x32 images of one or two flat shapes, with captions.
+"""A procedural world of 32x32 images of one to three flat shapes, with captions.
 
 The grammar: each object has a color (8), a shape (5), a size (2) and a position (5); a scene
-has one or two objects on a plain background (3). Captions come from templates with
+has one to three objects on a plain background (3); three objects are small, on three sides. Captions come from templates with
 paraphrases and varied word order; two-object captions join two object phrases with "and".
 
 Everything is deterministic from a seed. A fixed split holds out 40 of the 200
@@ -194,9 +194,21 @@ def _jitter_rgb(rgb: tuple[int, int, int], rng: random.Random, amount: int) -> t
 
 
 def _overlaps(a: PlacedObject, b: PlacedObject, gap: float = 1.0) -> bool:
+    """Whether two placed objects come within ``gap`` pixels of each other: apart when their
+    bounding boxes are; when the boxes meet (two objects near a corner), judged on the shapes
+    themselves (each one's coverage grown by one pixel must not meet the other's)."""
     ax0, ay0, ax1, ay1 = a.bbox()
     bx0, by0, bx1, by1 = b.bbox()
-    return not (ax1 + gap <= bx0 or bx1 + gap <= ax0 or ay1 + gap <= by0 or by1 + gap <= ay0)
+    if ax1 + gap <= bx0 or bx1 + gap <= ax0 or ay1 + gap <= by0 or by1 + gap <= ay0:
+        return False
+    ma = shape_mask(a.shape, a.cx, a.cy, a.extent) > 0.02
+    mb = shape_mask(b.shape, b.cx, b.cy, b.extent) > 0.02
+    grown = ma.copy()
+    grown[1:] |= ma[:-1]
+    grown[:-1] |= ma[1:]
+    grown[:, 1:] |= grown[:, :-1].copy()
+    grown[:, :-1] |= grown[:, 1:].copy()
+    return bool((grown & mb).any())
 
 
 def place(
@@ -306,14 +318,26 @@ def render_image(scene: Scene) -> Image.Image:
 # Sampling scenes
 
 
+THREE_OBJECT_POSITIONS: tuple[tuple[str, str, str], ...] = (
+    ("left", "right", "top"), ("left", "right", "bottom"),
+    ("top", "bottom", "left"), ("top", "bottom", "right"),
+)
+"""Where three objects can go in 32 pixels: two opposite sides and a third side, all small
+(the center meets every side at these sizes)."""
+
+
 def sample_objects(
     rng: random.Random, n_objects: int, split: str = "train"
 ) -> list[dict[str, str]]:
-    """Attributes of 1 or 2 objects whose color x shape x position is in ``split``.
+    """Attributes of 1 to 3 objects whose color x shape x position is in ``split``.
 
-    Two objects always have different positions and fit without touching.
+    Two objects always have different positions and fit without touching. Three objects are
+    small, at one of ``THREE_OBJECT_POSITIONS``, and placeable without touching (placed at
+    their anchors; jittered placements are retried by ``place``).
     """
     combos = combinations(split)
+    if n_objects == 3:
+        return _sample_three(rng, combos)
     while True:
         objs = []
         for _ in range(n_objects):
@@ -323,9 +347,31 @@ def sample_objects(
             return objs
 
 
+def _sample_three(rng: random.Random, combos: list[tuple[str, str, str]]) -> list[dict[str, str]]:
+    by_position: dict[str, list[tuple[str, str]]] = {p: [] for p in POSITION_NAMES}
+    for c, s, p in combos:
+        by_position[p].append((c, s))
+    while True:
+        objs = []
+        for p in rng.choice(THREE_OBJECT_POSITIONS):
+            c, s = rng.choice(by_position[p])
+            objs.append({"color": c, "shape": s, "size": "small", "position": p})
+        try:
+            place(objs, rng, background="black", jitter=False)
+        except ValueError:
+            continue
+        return objs
+
+
 def sample_scene(rng: random.Random, n_objects: int = 1, split: str = "train") -> Scene:
-    """A random scene of 1 or 2 objects from a split, with jitter and a random background."""
-    return place(sample_objects(rng, n_objects, split), rng)
+    """A random scene of 1 to 3 objects from a split, with jitter and a random background."""
+    while True:
+        objects = sample_objects(rng, n_objects, split)
+        try:
+            return place(objects, rng)
+        except ValueError:  # three objects whose jittered placements all touched
+            if n_objects < 3:
+                raise
 
 
 # --------------------------------------------------------------------------------------
@@ -420,10 +466,10 @@ def heldout_goals(n: int, objects: int = 1, seed: int = 0, paraphrase: bool = Fa
 
     Texts are canonical ("a small red circle on the left") unless ``paraphrase``; the same
     seed gives the same goals. Two-object goals have objects in different positions that fit
-    side by side.
+    side by side; three-object goals are small objects on three sides.
     """
-    if objects not in (1, 2):
-        raise ValueError("objects must be 1 or 2")
+    if objects not in (1, 2, 3):
+        raise ValueError("objects must be 1, 2 or 3")
     rng = random.Random(seed)
     goals = []
     for _ in range(n):

@@ -19,7 +19,8 @@ from tests.core.test_revisers import cand, ctx, spec
 from workers.jobs import _request
 
 TWO = "a small red circle on the left and a large blue ring at the top"
-PLAN = (("a small red circle on the left", 0.25, 0.5), ("a large blue ring at the top", 0.5, 0.25))
+PLAN = (("a small red circle on the left", 0.25, 0.5, 0.85),
+        ("a large blue ring at the top", 0.5, 0.25, 1.2))  # size words scale the regions
 
 
 @pytest.mark.parametrize(
@@ -48,10 +49,12 @@ def test_the_api_allows_as_many_regions_as_the_engine() -> None:
     assert layout.MAX_REGIONS == types.MAX_REGIONS
 
 
-def test_plan_needs_two_placed_parts_in_distinct_places() -> None:
+def test_plan_needs_two_parts_in_distinct_places() -> None:
     assert plan_layout(split_parts(TWO)) == PLAN
     assert plan_layout(("a red circle on the left",)) is None  # one part: nothing to lay out
-    assert plan_layout(("a red circle on the left", "a blue square")) is None
+    # an unplaced part gets the place across from the placed one
+    assert plan_layout(("a red circle on the left", "a blue square")) == (
+        ("a red circle on the left", 0.25, 0.5), ("a blue square on the right", 0.75, 0.5))
     assert plan_layout(("a red circle on the left", "a blue square to the left")) is None
     nine = tuple(f"a dot at the {v} {h}".replace("  ", " ") for v in ("top", "", "bottom")
                  for h in ("left", "center", "right"))

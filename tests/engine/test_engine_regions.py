@@ -34,6 +34,27 @@ def test_weights_sum_to_one_and_the_nearest_anchor_rules() -> None:
         region_weights([], 8, 8)
 
 
+def test_a_larger_scale_claims_more_of_the_image() -> None:
+    plain = region_weights([Region("a", *LEFT), Region("b", *RIGHT)], 1, 16)[0, 0]
+    big_left = region_weights([Region("a", *LEFT, scale=1.5), Region("b", *RIGHT)], 1, 16)[0, 0]
+    small_left = region_weights([Region("a", *LEFT, scale=0.7), Region("b", *RIGHT)], 1, 16)[0, 0]
+    # the border (weight 1/2) sits between the anchors at scale 1, further right for a larger
+    # left region, further left for a smaller one; each anchor still rules its own cell
+    assert int((plain > 0.5).sum()) == 8
+    assert int((big_left > 0.5).sum()) > 8 > int((small_left > 0.5).sum())
+    assert small_left[4] > 0.99 and big_left[12] < 0.01
+    same = region_weights([Region("a", *LEFT, scale=2.0), Region("b", *RIGHT, scale=2.0)], 1, 16)
+    assert int((same[0, 0] > 0.5).sum()) == 8  # equal scales: the border stays in the middle
+
+
+def test_a_scale_must_be_positive_and_finite(tiny: Runner) -> None:
+    for scale in (0.0, -1.0, float("nan"), 5.0):
+        bad = GenerationRequest("x", seed=0, width=32, height=32, model="tiny-dit",
+                                regions=(Region("a", *LEFT, scale=scale), Region("b", *RIGHT)))
+        with pytest.raises(ValueError, match="region 0 scale"):
+            tiny.validate(bad)
+
+
 @pytest.fixture(scope="module")
 def tiny(cpu_config: EngineConfig) -> Runner:
     return Runner("tiny-dit", cpu_config)

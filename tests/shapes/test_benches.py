@@ -32,7 +32,8 @@ def test_loop_quality_runs_and_lays_out_two_object_goals(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "figures.json"
-    figures = _load("loop_quality").main(["--goals", "1", "--budgets", "2", "--json-out", str(out)])
+    figures = _load("loop_quality").main(["--goals", "1", "--budgets", "2", "--kinds", "1,2",
+                                          "--json-out", str(out)])
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert json.loads(last) == figures == json.loads(out.read_text())
     one, two = figures["1_object"], figures["2_object"]
@@ -43,6 +44,37 @@ def test_loop_quality_runs_and_lays_out_two_object_goals(
     assert one["loop_2_mean_passes"] == 2.0  # one object: nothing to lay out
     assert two["loop_2_mean_passes"] == 4.0  # two placed objects: two layout images, 2 regions each
     assert two["loop_2_passes_matched_m"] == 4
+    for kind in (one, two):
+        assert kind["loop_2"] <= kind["loop_2_oracle"]
+        assert kind["loop_2_selection_gap"] == pytest.approx(kind["loop_2_oracle"] - kind["loop_2"])
+
+
+def test_loop_quality_lays_out_three_objects_placeless_and_phrased_goals(
+    capsys: pytest.CaptureFixture[str]
+) -> None:
+    figures = _load("loop_quality").main([
+        "--goals", "1", "--budgets", "2", "--kinds", "3,2-noplace,2-phrased", "--no-baselines",
+        "--reviser-option", "layout_share=1", "--reviser-option", "no_such_toggle=true"])
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == figures
+    assert figures["reviser_options"] == {"layout_share": 1}
+    assert figures["reviser_options_left_out"] == ["no_such_toggle"]
+    assert figures["3_object"]["loop_2_mean_passes"] == 6.0  # three regions per image
+    assert figures["2_noplace"]["loop_2_mean_passes"] == 4.0  # the planner placed both
+    assert figures["2_phrased"]["loop_2_mean_passes"] == 4.0  # "with", "plus", ... split
+    for kind in ("3_object", "2_noplace", "2_phrased"):
+        assert "single" not in figures[kind]  # --no-baselines
+        assert 0.0 <= figures[kind]["loop_2"] <= figures[kind]["loop_2_oracle"] <= 1.0
+
+
+def test_selection_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    figures = _load("selection").main(["--goals", "1", "--samples", "2"])
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == figures
+    assert set(figures["chosen"]["shapes-clip"]) == {"whole", "parts-whole", "parts-region",
+                                                     "region-min"}
+    for name, chosen in figures["chosen"]["shapes-clip"].items():
+        assert 0.0 <= chosen <= figures["oracle"] <= 1.0
+        assert figures["gap_points"]["shapes-clip"][name] == pytest.approx(
+            100 * (figures["oracle"] - chosen), abs=0.05)
 
 
 def test_layout_mix_runs(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,0 +1,351 @@
+"""A goal's parts and their places: "a red circle on the left, plus a big blue square" → two
+parts, each an object phrase with its place in the image (where stated) and its size.
+
+The parse decides what the loop verifies (a score per part) and what a layout draws (a region
+per part). Parsers are plug-ins (`GoalParser`), registered by name; settings pick one
+(`Settings.goal_parser`, default "rules"). The rule parser knows no vocabulary of objects: it
+reads the grammar around them (joining words, determiners, numbers, place phrases, size
+words), so "a cat next to two dogs" parses as well as the shapes world's captions.
+
+A parser must be deterministic for a given text: the orchestrator and the workers parse the
+goal again at every step (a cache keeps that cheap), and part scores are keyed by part text.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from typing import Protocol
+
+Anchor = tuple[float, float]
+"""(x, y) in [0, 1] from the top-left corner."""
+
+HORIZONTAL: dict[str, float] = {"left": 0.25, "right": 0.75}
+VERTICAL: dict[str, float] = {"top": 0.25, "upper": 0.25, "bottom": 0.75, "lower": 0.75}
+CENTER = frozenset({"center", "centre", "middle"})
+
+SIZE_SCALES: dict[str, float] = {
+    "tiny": 0.7, "small": 0.85, "little": 0.85, "large": 1.2, "big": 1.2, "huge": 1.4,
+    "giant": 1.4, "enormous": 1.4,
+}
+"""How much of the image a part's region claims, by size word (1 without one): a region of
+scale s reaches s times as far from its anchor (`engine.regions.region_weights`)."""
+
+NUMBERS: dict[str, int] = {
+    "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8,
+    "2": 2, "3": 3, "4": 4, "5": 5, "6": 6, "7": 7, "8": 8, "a pair of": 2, "a couple of": 2,
+}
+"""Counts a part may ask for; a counted part becomes that many parts."""
+
+MAX_PARTS = 8
+"""Most parts a goal parses into (the engine's most regions); a longer list is not split."""
+
+DETERMINERS = ("a", "an", "the", "one", "another", "some", "this", "that", "its", *NUMBERS)
+_DET = r"(?:a pair of|a couple of|an?|the|one|another|some|two|three|four|five|six|seven|eight|[2-8])"
+
+# Joining words that start a new object when a noun phrase follows ("with a blue square",
+# "plus two rings"); "a black and white cat", "a plus sign" and "a ring with red" stay one.
+_JOINERS = (
+    r";", r",\s*and", r",\s*plus", r",", r"\band", r"\bplus", r"\bwith", r"\bas well as",
+    r"\btogether with", r"\balong with", r"\balongside", r"\baccompanied by", r"\bbeside",
+    r"\bnext to", r"\bbesides",
+)
+# Relations that also place the two objects they join: (first anchor, second anchor).
+_RELATIONS: tuple[tuple[str, Anchor, Anchor], ...] = (
+    (r"\bto the left of", (0.25, 0.5), (0.75, 0.5)),
+    (r"\bleft of", (0.25, 0.5), (0.75, 0.5)),
+    (r"\bto the right of", (0.75, 0.5), (0.25, 0.5)),
+    (r"\bright of", (0.75, 0.5), (0.25, 0.5)),
+    (r"\bon top of", (0.5, 0.25), (0.5, 0.75)),
+    (r"\babove", (0.5, 0.25), (0.5, 0.75)),
+    (r"\bover", (0.5, 0.25), (0.5, 0.75)),
+    (r"\bbelow", (0.5, 0.75), (0.5, 0.25)),
+    (r"\bunder(?:neath)?", (0.5, 0.75), (0.5, 0.25)),
+    (r"\bbeneath", (0.5, 0.75), (0.5, 0.25)),
+)
+_SIDE = r"(?:top|bottom|upper|lower|left|right|center|centre|middle)"
+PLACE_PHRASE = re.compile(
+    rf"(?:\b(?:on|at|in|to|near|towards?|along|by)\s+(?:the\s+)?(?:very\s+|far\s+)?"
+    rf"{_SIDE}(?:[\s-]+{_SIDE})?(?:\s+(?:side|part|half|corner|edge|area|end|region))?"
+    rf"(?:\s+of\s+the\s+(?:image|picture|frame|scene|canvas|photo))?"
+    rf"|\bon\s+top\b|\b{_SIDE}[\s-]+(?:left|right)\s+corner\b)",
+    re.IGNORECASE,
+)
+"""A place phrase: "on the left", "to the right side", "at the top", "on top", "in the top
+left corner", "near the bottom edge of the image"."""
+_FRAMING = re.compile(
+    r"^\s*(?:(?:a|an|the)\s+(?:picture|image|photo|photograph|drawing|painting|render|"
+    r"illustration|scene)\s+(?:of|with|showing)\s+|there\s+(?:is|are)\s+|(?:draw|show|"
+    r"generate|make|create)(?:\s+me)?\s+)",
+    re.IGNORECASE,
+)
+_SCENE = re.compile(
+    r",?\s*\b(?:on|against|with|over)\s+(?:an?\s+|the\s+)?(?:[\w-]+\s+){0,3}background\b",
+    re.IGNORECASE,
+)
+
+
+@dataclass(frozen=True)
+class Part:
+    """One object a goal asks for.
+
+    ``text`` names the part (unique within a goal: the key of its score); ``subject`` is the
+    object without its place ("a small red circle"); ``place`` the anchor the goal gives it
+    (None: not stated); ``scale`` its size word's region scale (1 without one).
+    """
+
+    text: str
+    subject: str
+    place: Anchor | None = None
+    scale: float = 1.0
+    stated_place: bool = True
+    """Whether ``place`` comes from the goal's words (False: a relation or the planner)."""
+
+    def prompt(self) -> str:
+        """What a region draws for this part: its own words when they state its place, else
+        its subject with its place in words ("a red circle on the left")."""
+        if self.place is None or (self.stated_place and anchor_of(self.text) == self.place):
+            return self.text
+        return f"{self.subject} {place_words(self.place)}"
+
+
+class GoalParser(Protocol):
+    """Reads a goal text into its parts; deterministic for a given text."""
+
+    name: str
+
+    def parse(self, text: str) -> tuple[Part, ...]:
+        """The goal's parts, in the goal's order (one part, or none, for a single object)."""
+        ...
+
+
+def anchor_of(phrase: str) -> Anchor | None:
+    """Where a phrase says it is, or None when it names no position.
+
+    Left/right set x, top/upper/bottom/lower set y ("the top left corner" sets both), and
+    center/middle keeps the middle. A phrase that names two opposite sides is not placed.
+    """
+    words = set(re.findall(r"[a-z]+", phrase.lower()))
+    xs = {HORIZONTAL[w] for w in words & HORIZONTAL.keys()}
+    ys = {VERTICAL[w] for w in words & VERTICAL.keys()}
+    if len(xs) > 1 or len(ys) > 1 or not (xs or ys or words & CENTER):
+        return None
+    return (xs.pop() if xs else 0.5, ys.pop() if ys else 0.5)
+
+
+def place_words(anchor: Anchor) -> str:
+    """A place phrase for an anchor: "on the left", "at the top", "in the top left corner"."""
+    x, y = anchor
+    h = "left" if x < 0.4 else "right" if x > 0.6 else ""
+    v = "top" if y < 0.4 else "bottom" if y > 0.6 else ""
+    if h and v:
+        return f"in the {v} {h} corner"
+    if h:
+        return f"on the {h}"
+    if v:
+        return f"at the {v}"
+    return "in the center"
+
+
+def _singular(word: str) -> str:
+    if word.endswith("ies") and len(word) > 4:
+        return word[:-3] + "y"
+    if word.endswith(("sses", "xes", "ches", "shes", "zes")):
+        return word[:-2]
+    if word.endswith("s") and not word.endswith(("ss", "us", "is")) and len(word) > 2:
+        return word[:-1]
+    return word
+
+
+def _starts_object(segment: str) -> bool:
+    """Whether a segment opens a noun phrase (a determiner or a number first)."""
+    return re.match(rf"^\s*{_DET}\b", segment, re.IGNORECASE) is not None
+
+
+def _is_place_only(segment: str) -> bool:
+    """A segment that is a place phrase and nothing else ("on the left")."""
+    return bool(segment.strip()) and not PLACE_PHRASE.sub("", segment).strip(" ,.")
+
+
+_NOT_FRAME = r"(?!\s*the\s+(?:image|picture|frame|scene|canvas|photo)\b)"
+
+
+def _split_segments(text: str) -> list[tuple[str, str, tuple[Anchor, Anchor] | None]]:
+    """Split at joining words and relations that a noun phrase (or a place phrase) follows.
+    Each segment comes with the word that joined it to the previous one ("" for the first)
+    and that word's places if it is a relation ("above": first on top, second below)."""
+    pattern = "|".join(
+        [f"(?P<j{i}>{j})" for i, j in enumerate(_JOINERS)]
+        + [f"(?P<r{i}>{r})" for i, (r, _, _) in enumerate(_RELATIONS)]
+    )
+    follows = rf"{_NOT_FRAME}(?=\s*(?:{_DET}\b|{PLACE_PHRASE.pattern}))"
+    out: list[tuple[str, str, tuple[Anchor, Anchor] | None]] = []
+    start, joiner, relation = 0, "", None
+    for m in re.finditer(rf"(?<!\bthe\s)(?:{pattern}){follows}", text, re.IGNORECASE):
+        if m.start() == 0:
+            continue
+        kind = m.lastgroup or ""
+        out.append((text[start:m.start()], joiner, relation))
+        start, joiner = m.end(), m.group(0).strip().lower()
+        relation = _RELATIONS[int(kind[1:])][1:] if kind.startswith("r") else None
+    out.append((text[start:], joiner, relation))
+    return out
+
+
+def _count_of(phrase: str) -> tuple[int, str]:
+    """(n, the phrase for one of them) for "two red circles"; (1, phrase) otherwise."""
+    m = re.match(r"^\s*(a pair of|a couple of|[a-z0-9]+)\s+(.*)$", phrase, re.IGNORECASE)
+    if not m or m.group(1).lower() not in NUMBERS or m.group(1).lower() in ("a", "an"):
+        return 1, phrase
+    n, rest = NUMBERS[m.group(1).lower()], m.group(2)
+    words = rest.split()
+    cut = next((i for i, w in enumerate(words) if w.lower() in _PREPOSITIONS), len(words))
+    if cut == 0:
+        return 1, phrase
+    words[cut - 1] = _singular(words[cut - 1])
+    head = " ".join(words)
+    return n, f"{'an' if head[:1].lower() in 'aeiou' else 'a'} {head}"
+
+
+_PREPOSITIONS = frozenset("on in at to of with behind beside under above near below over by".split())
+
+
+def _scale_of(phrase: str) -> float:
+    words = re.findall(r"[a-z]+", phrase.lower())
+    scales = [SIZE_SCALES[w] for w in words if w in SIZE_SCALES]
+    return scales[0] if scales else 1.0
+
+
+def _tidy(phrase: str) -> str:
+    return re.sub(r"\s+", " ", re.sub(r"\s+,", ",", phrase)).strip(" ,.;")
+
+
+class RuleParser:
+    """The default parser: joining words, determiners, numbers and place phrases.
+
+    Splits at "and", commas, "with", "plus", "next to", "alongside", "as well as", "together
+    with", … when a noun phrase (a determiner or number) or a place phrase follows; glues
+    modifier segments back on ("a red circle, small", "on the left, a red circle"); drops
+    framing ("a picture of", "there is") and a background clause; reads relations ("a circle
+    above a square", "to the left of") as places; expands counts ("two red circles") into one
+    part each, at most `MAX_PARTS` in all.
+    """
+
+    name = "rules"
+
+    def parse(self, text: str) -> tuple[Part, ...]:
+        body = _SCENE.sub("", _FRAMING.sub("", text.strip()))
+        objects: list[list[str]] = []  # each object's segments
+        places: list[Anchor | None] = []  # a relation's place per object
+        pending: list[str] = []  # place-only segments waiting for their object
+        segments = _split_segments(body)
+        for k, (segment, joiner, relation) in enumerate(segments):
+            segment = _FRAMING.sub("", segment)
+            if not segment.strip(" ,.;"):
+                continue
+            if relation is not None and objects:
+                places[-1] = places[-1] or relation[0]
+            if _is_place_only(segment) and relation is None:
+                # "on the left, a red circle": the place opens the next object's phrase unless
+                # it trails an object that has none yet ("a red circle that is small, on the left")
+                opens_next = k + 1 < len(segments) and _starts_object(segments[k + 1][0])
+                trails = objects and anchor_of(" ".join(objects[-1])) is None and not pending
+                if opens_next and (not trails or joiner not in (",", "")):
+                    pending.append(segment)
+                elif objects:
+                    objects[-1].append(segment)
+                else:
+                    pending.append(segment)
+            elif _starts_object(segment) or not objects:
+                objects.append([*pending, segment])
+                places.append(relation[1] if relation else None)
+                pending = []
+            else:
+                objects[-1].append(segment)
+        if pending and objects:
+            objects[-1].extend(pending)
+        return self._parts(objects, places)
+
+    def _parts(self, objects: list[list[str]], places: list[Anchor | None]) -> tuple[Part, ...]:
+        parts: list[Part] = []
+        for segments, relation_place in zip(objects, places, strict=True):
+            phrase = _tidy(", ".join(_tidy(s) for s in segments))
+            if not phrase:
+                continue
+            stated = anchor_of(" ".join(PLACE_PHRASE.findall(phrase)))
+            subject = _tidy(PLACE_PHRASE.sub("", phrase)) or phrase
+            n, one = _count_of(subject)
+            place = stated or relation_place
+            if n == 1:
+                parts.append(Part(phrase, subject, place, _scale_of(phrase), stated is not None))
+                continue
+            for k in range(n):
+                key = f"{one} ({k + 1} of {n})"
+                parts.append(Part(key, one, None, _scale_of(phrase), False))
+        if len(parts) > MAX_PARTS:
+            return ()
+        return _unique(parts) if len(parts) > 1 else tuple(parts)
+
+
+def _unique(parts: list[Part]) -> tuple[Part, ...]:
+    """Parts with distinct texts (a repeated phrase gets "(2)", "(3)"...)."""
+    seen: dict[str, int] = {}
+    out = []
+    for p in parts:
+        seen[p.text] = seen.get(p.text, 0) + 1
+        out.append(p if seen[p.text] == 1 else replace(p, text=f"{p.text} ({seen[p.text]})"))
+    return tuple(out)
+
+
+PARSERS: dict[str, GoalParser] = {"rules": RuleParser()}
+"""Registered goal parsers by name; `register_parser` adds one."""
+
+
+def register_parser(parser: GoalParser) -> None:
+    """Make ``parser`` available under ``parser.name`` (replacing one of that name)."""
+    PARSERS[parser.name] = parser
+    goal_parts.cache_clear()
+
+
+def get_parser(name: str) -> GoalParser:
+    """The registered parser called ``name``."""
+    try:
+        return PARSERS[name]
+    except KeyError:
+        raise ValueError(f"unknown goal parser {name!r}; known: {sorted(PARSERS)}") from None
+
+
+@lru_cache(maxsize=4096)
+def goal_parts(text: str, parser: str = "rules") -> tuple[Part, ...]:
+    """The parts of a goal of several objects (empty for one object or none), by ``parser``."""
+    parts = get_parser(parser).parse(text)
+    return parts if len(parts) > 1 else ()
+
+
+def part_texts(text: str, parser: str = "rules") -> tuple[str, ...]:
+    """The texts of a goal's parts: the keys of its part scores."""
+    return tuple(p.text for p in goal_parts(text, parser))
+
+
+def part_regions(
+    parts: tuple[Part, ...], layout: tuple[tuple, ...] = ()
+) -> tuple[tuple[str, float, float, float] | None, ...]:
+    """Where each part should be in a candidate's image, for judging it there: (prompt, x,
+    y, scale) per part, or None to judge it on the whole image; () when no part has a place.
+
+    A candidate drawn from a layout of one region per part is judged region by region (the
+    layout's prompts, in the parts' order); any other candidate where the goal places its
+    parts (by words or relations), the rest on the whole image."""
+    if not parts:
+        return ()
+    if layout and len(layout) == len(parts):
+        out = []
+        for entry in layout:
+            prompt, x, y, *rest = entry
+            out.append((str(prompt), float(x), float(y), float(rest[0]) if rest else 1.0))
+        return tuple(out)
+    placed = tuple(
+        (p.text, p.place[0], p.place[1], p.scale) if p.place is not None else None for p in parts
+    )
+    return placed if any(r is not None for r in placed) else ()

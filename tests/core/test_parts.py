@@ -1,0 +1,193 @@
+"""Goals read into parts and places (the rule parser), the planner that places every part,
+and where each part is judged (`part_regions`)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from agentloop.domain import CandidateDraft, entry_values, layout_entry, split_parts
+from agentloop.layout import FREE_PLACES, place_parts, plan_layout
+from agentloop.parts import (
+    PARSERS,
+    Part,
+    RuleParser,
+    get_parser,
+    goal_parts,
+    part_regions,
+    part_texts,
+    register_parser,
+)
+
+LEFT, RIGHT, TOP, BOTTOM, CENTER = (0.25, 0.5), (0.75, 0.5), (0.5, 0.25), (0.5, 0.75), (0.5, 0.5)
+
+
+def parse(text: str) -> list[tuple[str, tuple[float, float] | None]]:
+    return [(p.subject, p.place) for p in RuleParser().parse(text)]
+
+
+@pytest.mark.parametrize(
+    ("goal", "expected"),
+    [
+        ("a red circle and a blue square", [("a red circle", None), ("a blue square", None)]),
+        ("a red circle, a blue square", [("a red circle", None), ("a blue square", None)]),
+        ("a red circle with a blue square", [("a red circle", None), ("a blue square", None)]),
+        ("a red circle plus a blue square", [("a red circle", None), ("a blue square", None)]),
+        ("a red circle next to a blue square", [("a red circle", None), ("a blue square", None)]),
+        ("a red circle alongside a blue square", [("a red circle", None), ("a blue square", None)]),
+        ("a red circle as well as a blue square", [("a red circle", None), ("a blue square", None)]),
+        ("a red circle together with a blue square",
+         [("a red circle", None), ("a blue square", None)]),
+        ("a cat, a dog and a bird", [("a cat", None), ("a dog", None), ("a bird", None)]),
+        ("a cat, a dog, and a bird", [("a cat", None), ("a dog", None), ("a bird", None)]),
+        ("a red circle on the left and a blue square at the top",
+         [("a red circle", LEFT), ("a blue square", TOP)]),
+        ("on the left, a small red circle and to the right, a blue ring, large",
+         [("a small red circle", LEFT), ("a blue ring, large", RIGHT)]),
+        ("a red circle that is small, on the left and a blue box in the upper part",
+         [("a red circle that is small", LEFT), ("a blue box", TOP)]),
+        ("a red circle and on the left, a small blue square",
+         [("a red circle", None), ("a small blue square", LEFT)]),
+        ("a cat in the top left corner, plus a dog at the bottom right side",
+         [("a cat", (0.25, 0.25)), ("a dog", (0.75, 0.75))]),
+        ("a tree at the left side of the image with a house in the middle",
+         [("a tree", LEFT), ("a house", CENTER)]),
+        ("a red circle above a blue square", [("a red circle", TOP), ("a blue square", BOTTOM)]),
+        ("a red circle below a blue square", [("a red circle", BOTTOM), ("a blue square", TOP)]),
+        ("a lamp to the left of a sofa", [("a lamp", LEFT), ("a sofa", RIGHT)]),
+        ("a lamp to the right of a sofa", [("a lamp", RIGHT), ("a sofa", LEFT)]),
+        ("a picture of a red circle and a blue square",
+         [("a red circle", None), ("a blue square", None)]),
+        ("there is a red circle near the top and a blue square near the bottom",
+         [("a red circle", TOP), ("a blue square", BOTTOM)]),
+        ("a tiny red circle and a huge blue square, on a white background",
+         [("a tiny red circle", None), ("a huge blue square", None)]),
+        # one object: "and" inside a noun phrase, "plus sign", a place, a modifier
+        ("a black and white cat", [("a black and white cat", None)]),
+        ("a red plus sign on the left", [("a red plus sign", LEFT)]),
+        ("a red circle on the left, small", [("a red circle, small", LEFT)]),
+        ("a red circle on the left side of the picture", [("a red circle", LEFT)]),
+    ],
+)
+def test_rule_parser_reads_parts_and_places(goal: str, expected: list) -> None:
+    assert parse(goal) == expected
+
+
+def test_counts_become_one_part_each_with_distinct_keys() -> None:
+    parts = RuleParser().parse("two red circles and a blue box")
+    assert [p.subject for p in parts] == ["a red circle", "a red circle", "a blue box"]
+    assert len({p.text for p in parts}) == 3  # part scores are keyed by text
+    assert [p.subject for p in RuleParser().parse("3 small dogs")] == ["a small dog"] * 3
+    assert [p.subject for p in RuleParser().parse("a pair of boxes")] == ["a box"] * 2
+    assert goal_parts("a red circle") == () and split_parts("a red circle") == ()
+    assert len(RuleParser().parse(", ".join(["a dot"] * 9))) == 0  # more than 8: not split
+
+
+def test_size_words_set_the_scale() -> None:
+    small, large, plain = RuleParser().parse("a small cat, a big dog and a bird")
+    assert small.scale < 1 < large.scale and plain.scale == 1
+    tiny, huge = RuleParser().parse("a tiny ant and a huge whale")
+    assert tiny.scale < small.scale and huge.scale > large.scale
+
+
+def test_split_parts_and_part_texts_agree_with_the_parser() -> None:
+    goal = "a red circle on the left, plus a blue square"
+    assert split_parts(goal) == part_texts(goal) == ("a red circle on the left", "a blue square")
+
+
+OBJECTS = st.sampled_from(["circle", "square", "cat", "dog", "ring", "house", "tree", "box"])
+COLORS = st.sampled_from(["red", "blue", "green", "", "small", "large"])
+PLACES = st.sampled_from([
+    ("on the left", LEFT), ("to the left", LEFT), ("at the left side", LEFT),
+    ("on the right", RIGHT), ("at the top", TOP), ("on top", TOP), ("near the bottom", BOTTOM),
+    ("in the lower part", BOTTOM), ("in the center", CENTER), ("in the middle", CENTER),
+    ("in the top left corner", (0.25, 0.25)), ("at the bottom right", (0.75, 0.75)), ("", None),
+])
+JOINERS = st.sampled_from([" and ", ", ", " with ", " plus ", " as well as ", " together with ",
+                           " alongside ", " next to ", ", and ", "; "])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(COLORS, OBJECTS, PLACES, st.booleans()), min_size=2, max_size=4),
+       st.lists(JOINERS, min_size=3, max_size=3))
+def test_any_joining_and_place_order_parses_back(objects, joiners) -> None:  # noqa: ANN001
+    phrases = []
+    for adjective, noun, (place, _), place_first in objects:
+        words = " ".join(w for w in ("a", adjective, noun) if w)
+        phrases.append(f"{place}, {words}" if place and place_first else
+                       f"{words} {place}".strip())
+    goal = phrases[0]
+    for k, (phrase, joiner) in enumerate(zip(phrases[1:], joiners, strict=False)):
+        # "a cat, on the left, a dog": the place could end the cat's phrase or open the dog's
+        ambiguous = joiner == ", " and objects[k + 1][3] and objects[k + 1][2][1] is not None
+        assume(not (ambiguous and objects[k][2][1] is None))
+        goal += joiner + phrase
+    parts = RuleParser().parse(goal)
+    assert [p.place for p in parts] == [place for _, _, (_, place), _ in objects], goal
+    assert [p.subject for p in parts] == [
+        " ".join(w for w in ("a", a, n) if w) for a, n, _, _ in objects], goal
+
+
+def test_the_planner_places_unplaced_parts_distinctly() -> None:
+    two = place_parts(RuleParser().parse("a red circle next to a blue square"))
+    assert two is not None and [p.place for p in two] == [LEFT, RIGHT]
+    three = place_parts(RuleParser().parse("a cat, a dog and a bird"))
+    assert three is not None and [p.place for p in three] == [LEFT, RIGHT, TOP]
+    across = place_parts(RuleParser().parse("a red circle at the top and a blue square"))
+    assert across is not None and [p.place for p in across] == [TOP, BOTTOM]
+    mixed = place_parts(RuleParser().parse("a cat, a dog on the left and a bird"))
+    assert mixed is not None and [p.place for p in mixed] == [RIGHT, LEFT, TOP]
+    assert place_parts(RuleParser().parse("a cat on the left and a dog on the left")) is None
+    many = place_parts(RuleParser().parse(", ".join(["a dot"] * 8)))
+    assert many is not None and len({p.place for p in many}) == 8
+    assert {p.place for p in many} <= set(FREE_PLACES)
+
+
+def test_a_plan_draws_each_part_at_its_place_with_its_scale() -> None:
+    plan = plan_layout(goal_parts("a small red circle next to a large blue ring"))
+    assert plan == (("a small red circle on the left", 0.25, 0.5, 0.85),
+                    ("a large blue ring on the right", 0.75, 0.5, 1.2))
+    stated = plan_layout(goal_parts("on the left, a red circle and a blue ring at the top"))
+    assert stated == (("on the left, a red circle", 0.25, 0.5), ("a blue ring at the top", 0.5, 0.25))
+    assert plan_layout(goal_parts("a red circle")) is None
+
+
+def test_layout_entries_keep_three_values_at_scale_one() -> None:
+    assert layout_entry("a", 0.25, 0.5) == ("a", 0.25, 0.5)
+    assert layout_entry("a", 0.25, 0.5, 1.2) == ("a", 0.25, 0.5, 1.2)
+    assert entry_values(["a", 0, 1]) == ("a", 0.0, 1.0, 1.0)
+    with pytest.raises(ValueError, match="prompt, x, y"):
+        entry_values(["a", 0])
+    draft = CandidateDraft("x", 1, regions=(("a", 0.25, 0.5), ("b", 0.75, 0.5, 1.5)))
+    assert draft.noise_and_layout_params()["regions"] == [["a", 0.25, 0.5], ["b", 0.75, 0.5, 1.5]]
+
+
+def test_part_regions_judge_a_layout_by_its_regions_else_by_the_goals_places() -> None:
+    parts = goal_parts("a red circle on the left and a blue square")
+    layout = (("a red circle on the left", 0.25, 0.5), ("a blue square on the right", 0.75, 0.5, 1.2))
+    assert part_regions(parts, layout) == (("a red circle on the left", 0.25, 0.5, 1.0),
+                                           ("a blue square on the right", 0.75, 0.5, 1.2))
+    # a plain candidate: the placed part on its region, the other on the whole image
+    assert part_regions(parts) == (("a red circle on the left", 0.25, 0.5, 1.0), None)
+    assert part_regions(goal_parts("a cat and a dog")) == ()
+    assert part_regions(()) == ()
+
+
+def test_parsers_are_plug_ins_by_name() -> None:
+    class Halves:
+        name = "halves-test"
+
+        def parse(self, text: str) -> tuple[Part, ...]:
+            left, _, right = text.partition(" | ")
+            return (Part(left, left, (0.25, 0.5)), Part(right, right, (0.75, 0.5)))
+
+    register_parser(Halves())
+    try:
+        assert get_parser("halves-test") is PARSERS["halves-test"]
+        assert part_texts("x | y", "halves-test") == ("x", "y")
+    finally:
+        del PARSERS["halves-test"]
+        goal_parts.cache_clear()
+    with pytest.raises(ValueError, match="unknown goal parser 'nope'; known: \\['rules'\\]"):
+        goal_parts("a and b", "nope")
