@@ -29,6 +29,7 @@ import torch
 from diffusers import DiffusionPipeline, FluxPipeline, StableDiffusionPipeline
 
 from engine.config import EngineConfig
+from engine.edits import Editor, edit_problems
 from engine.loading import load_pipeline
 from engine.regions import region_weights
 from engine.types import GenerationRequest, GenerationResult
@@ -92,6 +93,8 @@ class Runner:
         self.installed_kernels: dict[str, int] = {}
         """What ``kernels.install`` patched, by kind (empty when no kernel switch is on)."""
         self._install_kernels()
+        self.editor = Editor(self)
+        """Runs image-to-image and repair requests (``engine.edits``)."""
 
     @property
     def denoiser(self) -> torch.nn.Module:
@@ -133,6 +136,7 @@ class Runner:
             problems.append(f"variations are not supported for {type(self.pipe).__name__}")
         if request.regions:
             problems += self._layout_problems(request)
+        problems += edit_problems(self.pipe, request)
         if problems:
             raise ValueError(f"invalid request {request.prompt!r}: " + "; ".join(problems))
 
@@ -180,6 +184,8 @@ class Runner:
     def _run_batch(self, batch: list[GenerationRequest]) -> list[GenerationResult]:
         """One pipeline call for requests that share a batch key."""
         first = batch[0]
+        if first.kind != "text":
+            return self.editor.run_batch(batch)
         if first.regions:
             return self._run_layout_batch(batch)
         start = time.perf_counter()
