@@ -72,7 +72,10 @@ def decode_image(data: str | bytes, settings: Settings, field: str = "init_image
             image.load()
     except InitImageInvalid:
         raise
-    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
+    except UnidentifiedImageError:
+        raise InitImageInvalid("invalid_image", "is not a readable PNG or JPEG image",
+                               field) from None
+    except (OSError, ValueError, Image.DecompressionBombError) as exc:
         raise InitImageInvalid("invalid_image", f"is not a readable PNG or JPEG image ({exc})",
                                field) from None
     return raw

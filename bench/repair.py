@@ -18,7 +18,7 @@ with at least one right repair among ``--seeds``, the share of repairs that kept
 per image (a layout costs one per region per step, a repair one per step run).
 
     python bench/repair.py            # 40 goals
-    python bench/repair.py --quick    # 8 goals, a few minutes
+    python bench/repair.py --quick    # 4 goals, a few minutes
 
 Prints a table; the last line is one JSON object.
 """
@@ -50,6 +50,8 @@ from engine.shapes.evaluate import layout_of  # noqa: E402
 from engine.types import GenerationRequest, ScoreRequest  # noqa: E402
 
 GOAL_SEED = 11
+GAP_SWEEP = (0.05, 0.1, 0.15, 0.2, 0.3)
+"""Part-score gaps (CLIPScore scale) at which the repair rule is evaluated."""
 
 
 def _view(score) -> CandidateView:  # noqa: ANN001 - engine.types.ScoreResult
@@ -71,17 +73,18 @@ def wrong_parts(image, objects) -> list[int]:  # noqa: ANN001 - PIL image
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="8 goals, 4 samples, 2 seeds, one strength")
+    parser.add_argument("--quick", action="store_true", help="4 goals, 4 samples, 1 seed, one strength")
     parser.add_argument("--goals", type=int, default=40)
     parser.add_argument("--samples", type=int, default=6, help="layout candidates per goal")
     parser.add_argument("--seeds", type=int, default=4, help="repairs per candidate and strength")
     parser.add_argument("--strengths", default="1.0,0.8")
     parser.add_argument("--model", default="shapes")
     parser.add_argument("--scorer", default="shapes-clip")
+    parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = parser.parse_args(argv)
     if args.quick:
-        args.goals, args.samples, args.seeds, args.strengths = 8, 4, 2, "1.0"
+        args.goals, args.samples, args.seeds, args.strengths = 4, 4, 1, "1.0"
     if args.threads:
         torch.set_num_threads(args.threads)
     strengths = [float(s) for s in args.strengths.split(",")]
@@ -89,7 +92,7 @@ def main(argv: list[str] | None = None) -> dict:
     runner = Runner(args.model, EngineConfig(max_batch=16))
     scorer = Scorer(args.scorer)
     goals = world.heldout_goals(args.goals, objects=2, seed=GOAL_SEED)
-    steps, guidance = 20, 3.0
+    steps, guidance = args.steps, 3.0
 
     def layout(gi: int, g: world.Goal, k: int) -> GenerationRequest:
         return GenerationRequest(g.text, seed=derive_seed(gi, 1, k), steps=steps, guidance=guidance,
@@ -118,6 +121,18 @@ def main(argv: list[str] | None = None) -> dict:
     flagged = [failing_part(_view(all_scores[i]), split_parts(goals[gi].text), rule.repair_gap,
                             rule.pass_score) is not None for i, gi in enumerate(owner)]
     one_wrong_ids = {i for i, _ in one_wrong}
+
+    def gap_of(i: int) -> float:
+        ordered = sorted(all_scores[i].part_scores.values())
+        return ordered[1] - ordered[0]
+
+    sweep = {}
+    for gap in GAP_SWEEP:  # how the rule's gap separates one-part-wrong from right candidates
+        hits = [gap_of(i) >= gap for i in range(len(images))]
+        sweep[f"{gap:g}"] = {
+            "one_part_wrong_flagged": sum(hits[i] for i in one_wrong_ids) / max(1, len(one_wrong)),
+            "right_flagged": sum(h and r for h, r in zip(hits, right, strict=True)) / max(1, sum(right)),
+        }
     rule_figures = {
         "flagged": sum(flagged),
         "flagged_one_part_wrong": sum(flagged[i] for i in one_wrong_ids),
@@ -174,6 +189,11 @@ def main(argv: list[str] | None = None) -> dict:
           f"The search reviser's repair rule (gap {rule.repair_gap}) flags {rule_figures['flagged']} "
           f"candidates: {rule_figures['flagged_one_part_wrong']} with one part wrong (of "
           f"{len(one_wrong)}), {rule_figures['flagged_right']} right ones.\n")
+    print("Repair rule by gap (weakest part at least this far below the other): share flagged")
+    for gap, r in sweep.items():
+        print(f"  gap {gap:>5}: one part wrong {r['one_part_wrong_flagged']:.2f}, "
+              f"right {r['right_flagged']:.2f}")
+    print()
     header = (f"{'move on a one-part-wrong candidate':<36} {'right/try':>10} "
               f"{f'right in {args.seeds}':>11} {'other kept':>11} {'passes/img':>11}")
     print(header)
@@ -182,13 +202,14 @@ def main(argv: list[str] | None = None) -> dict:
         kept_text = "-" if math.isnan(r["other_part_kept"]) else f"{r['other_part_kept']:.2f}"
         print(f"{name:<36} {r['right_per_repair']:>10.2f} {r[f'right_within_{args.seeds}']:>11.2f} "
               f"{kept_text:>11} {r['passes_per_image']:>11.2f}")
-    print("\npasses/img: denoiser passes per image relative to a plain 20-step image "
+    print("\npasses/img: denoiser passes per image relative to a plain image of as many steps "
           "(a two-region layout costs 2, a repair at strength s about s).")
     figures = {
         "bench": "repair", "goals": len(goals), "samples": args.samples, "seeds": args.seeds,
         "model": args.model, "scorer": args.scorer, "layout_right": sum(right) / len(right),
         "one_part_wrong": len(one_wrong), "weakest_is_wrong_part": round(diagnosis, 3),
-        "repair_rule": rule_figures,
+        "repair_rule": rule_figures, "gap_sweep": {
+            g: {k: round(v, 3) for k, v in r.items()} for g, r in sweep.items()},
         "rows": {k: {m: (None if isinstance(v, float) and math.isnan(v) else round(v, 3))
                      for m, v in r.items()} for k, r in rows.items()},
         "layout_seconds": round(layout_s, 1), "seconds": round(elapsed, 1),
