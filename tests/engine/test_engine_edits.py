@@ -135,3 +135,17 @@ def test_image_to_image_keeps_more_of_its_init_image_at_a_lower_strength(shapes:
     other = replace(base, prompt="a large blue circle on the right", seed=6, init_image=init)
     low, high = shapes.generate([replace(other, strength=0.3), replace(other, strength=1.0)])
     assert psnr(_pixels(low.image), _pixels(init)) > psnr(_pixels(high.image), _pixels(init)) + 3
+
+
+def test_edits_read_prompts_from_the_text_embedding_cache_alike(
+    tiny: Runner, cpu_config: EngineConfig
+) -> None:
+    cached = Runner("tiny-dit", replace(cpu_config, text_embedding_cache=True))
+    init = tiny.generate([_plain(tiny, 1)])[0].image
+    mask = Image.new("L", (32, 32))
+    mask.paste(255, (0, 0, 16, 32))
+    requests = [_plain(tiny, 2, init_image=init, strength=0.5),
+                _plain(tiny, 3, init_image=init, mask=mask, negative_prompt="blue")]
+    for a, b in zip(tiny.generate(requests), cached.generate(requests), strict=True):
+        assert np.abs(_pixels(a.image) - _pixels(b.image)).max() <= 1
+    assert cached.text_cache_misses >= 2
