@@ -17,8 +17,13 @@ with at least one right repair among ``--seeds``, the share of repairs that kept
 (right) part right, how often the weakest part by CLIP is the wrong one, and denoiser passes
 per image (a layout costs one per region per step, a repair one per step run).
 
-    python bench/repair.py            # 40 goals
-    python bench/repair.py --quick    # 4 goals, a few minutes
+With ``--loop-goals N`` (or ``--loop-only``), also the loop itself (embedded runtime, budget
+``--loop-budget``) on N other held-out two-object goals, with the search reviser's repair and
+refine moves both on, repair only, and neither: how often the best image is right.
+
+    python bench/repair.py --threads 1                 # 40 goals
+    python bench/repair.py --quick --threads 1         # 4 goals, a few minutes
+    python bench/repair.py --loop-only --loop-goals 12 --threads 1
 
 Prints a table; the last line is one JSON object.
 """
@@ -120,6 +125,43 @@ def loop_success(texts: list[world.Goal], budget: int, reviser: SearchReviser, m
     return right / len(texts), repairs / len(texts)
 
 
+def compare_loops(args: argparse.Namespace, t0: float) -> dict[str, float]:
+    """The loop on other held-out goals with the shipped reviser and with repair and refine
+    switched off."""
+    loop: dict[str, float] = {}
+    loop_goals = world.heldout_goals(args.loop_goals, objects=2, seed=GOAL_SEED + 1)
+    arms = (("repair_refine", SearchReviser(repair=True, refine=True)),
+            ("repair_only", SearchReviser(repair=True, refine=False)),
+            ("neither", SearchReviser(repair=False, refine=False)))
+    for name, reviser in arms:
+        ok, n_repairs = loop_success(loop_goals, args.loop_budget, reviser, args.model, args.scorer)
+        loop[f"{name}_right"], loop[f"{name}_repairs_per_goal"] = ok, n_repairs
+        print(f"loop {name}: {ok:.2f} right, {time.perf_counter() - t0:.0f} s",
+              file=sys.stderr, flush=True)
+    return loop
+
+
+def print_loop(args: argparse.Namespace, loop: dict[str, float]) -> None:
+    print(f"\nThe loop (budget {args.loop_budget}) on {args.loop_goals} other held-out "
+          f"two-object goals (seed {GOAL_SEED + 1}), best image right by the checker:")
+    for arm in ("repair_refine", "repair_only", "neither"):
+        print(f"  {arm:<14} {loop[f'{arm}_right']:.2f} "
+              f"({loop[f'{arm}_repairs_per_goal']:.1f} repairs a goal)")
+
+
+def loop_only(args: argparse.Namespace) -> dict:
+    """`--loop-only`: the loop comparison alone, its figures as the last line."""
+    t0 = time.perf_counter()
+    loop = compare_loops(args, t0)
+    print_loop(args, loop)
+    figures = {"bench": "repair_loop", "goals": args.loop_goals, "budget": args.loop_budget,
+               "model": args.model, "scorer": args.scorer,
+               **{k: round(v, 3) for k, v in loop.items()},
+               "seconds": round(time.perf_counter() - t0, 1)}
+    print(json.dumps(figures))
+    return figures
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="4 goals, 4 samples, 1 seed, one strength")
@@ -133,6 +175,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--loop-goals", type=int, default=0,
                         help="also run the loop on this many goals with and without repairs")
     parser.add_argument("--loop-budget", type=int, default=8)
+    parser.add_argument("--loop-only", action="store_true", help="only the loop comparison")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = parser.parse_args(argv)
     if args.quick:
@@ -140,6 +183,8 @@ def main(argv: list[str] | None = None) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     strengths = [float(s) for s in args.strengths.split(",")]
+    if args.loop_only:
+        return loop_only(args)
     t0 = time.perf_counter()
     runner = Runner(args.model, EngineConfig(max_batch=16))
     scorer = Scorer(args.scorer)
@@ -233,16 +278,7 @@ def main(argv: list[str] | None = None) -> dict:
         f"right_within_{args.seeds}": sum(per_cand) / max(1, len(per_cand)),
         "other_part_kept": float("nan"), "passes_per_image": 2.0,
     }
-    loop: dict[str, float] = {}
-    if args.loop_goals:
-        loop_goals = world.heldout_goals(args.loop_goals, objects=2, seed=GOAL_SEED + 1)
-        for name, reviser in (("repair_refine", SearchReviser()),
-                              ("neither", SearchReviser(repair=False, refine=False))):
-            ok, n_repairs = loop_success(loop_goals, args.loop_budget, reviser, args.model,
-                                         args.scorer)
-            loop[f"{name}_right"], loop[f"{name}_repairs_per_goal"] = ok, n_repairs
-            print(f"loop {name}: {ok:.2f} right, {time.perf_counter() - t0:.0f} s",
-                  file=sys.stderr, flush=True)
+    loop = compare_loops(args, t0) if args.loop_goals else {}
     elapsed = time.perf_counter() - t0
 
     print(f"\n{len(goals)} held-out two-object goals (seed {GOAL_SEED}), {args.samples} layout "
@@ -267,11 +303,7 @@ def main(argv: list[str] | None = None) -> dict:
     print("\npasses/img: denoiser passes per image relative to a plain image of as many steps "
           "(a two-region layout costs 2, a repair at strength s about s).")
     if loop:
-        print(f"\nThe loop (budget {args.loop_budget}) on {args.loop_goals} other held-out "
-              f"two-object goals (seed {GOAL_SEED + 1}), best image right by the checker: "
-              f"with repair and refine {loop['repair_refine_right']:.2f} "
-              f"({loop['repair_refine_repairs_per_goal']:.1f} repairs a goal), without "
-              f"{loop['neither_right']:.2f}.")
+        print_loop(args, loop)
     figures = {
         "bench": "repair", "goals": len(goals), "samples": args.samples, "seeds": args.seeds,
         "model": args.model, "scorer": args.scorer, "layout_right": sum(right) / len(right),

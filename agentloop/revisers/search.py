@@ -83,7 +83,7 @@ class SearchReviser:
         layout_share: float = 1.0,
         repair: bool = True,
         refine: bool = True,
-        repair_strength: float = 1.0,
+        repair_strength: float = 0.7,
         refine_strength: float = 0.6,
         repair_gap: float = 0.1,
         pass_score: float | None = None,

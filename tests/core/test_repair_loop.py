@@ -55,7 +55,7 @@ def test_a_goal_repairs_its_layout_candidates_and_a_new_goal_starts_from_one(
         assert repairs and all(c.status is CandidateStatus.SUCCEEDED for c in repairs)
         for c in repairs:
             parent = by_id[c.parent_id]
-            assert c.init_image == parent.artifact_uri and c.strength == 1.0
+            assert c.init_image == parent.artifact_uri and c.strength == 0.7
             assert c.regions == parent.regions and c.repair_region in (0, 1)
             assert c.edit == f"repair:{parent.regions[c.repair_region][0]}"
             child, before = _pixels(root, c.artifact_uri), _pixels(root, parent.artifact_uri)

@@ -44,7 +44,7 @@ def test_a_layout_candidate_with_one_failing_part_gets_that_region_repaired() ->
     assert len(repairs) == 4  # half the slots while repairs are untried
     for d in repairs:
         assert d.edit == f"repair:{PARTS[1]}" and d.parent_id == "c0"
-        assert d.init_image == "g/c0-1.png" and d.repair_region == 1 and d.strength == 1.0
+        assert d.init_image == "g/c0-1.png" and d.repair_region == 1 and d.strength == 0.7
         assert d.regions == PLAN and d.prompt == TWO and d.seed != 1
     assert len({d.seed for d in repairs}) == 4
     assert p.notes["repair_targets"] == [{"id": "c0", "part": PARTS[1], "region": 1}]

@@ -48,3 +48,13 @@ def test_layout_mix_runs(capsys: pytest.CaptureFixture[str]) -> None:
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == figures
     assert set(figures["chosen_right_by_mix"]) == {"2+0", "0+2"}
     assert all(0.0 <= v <= 1.0 for v in figures["chosen_right_by_mix"].values())
+
+
+def test_repair_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    figures = _load("repair").main(["--goals", "1", "--samples", "2", "--seeds", "1",
+                                    "--strengths", "1.0", "--steps", "2"])
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == figures
+    assert set(figures["rows"]) == {"repair wrong part @1", "repair CLIP-weakest part @1",
+                                    "fresh layout sample"}
+    assert 0 <= figures["one_part_wrong"] <= 2 and 0.0 <= figures["layout_right"] <= 1.0
+    assert set(figures["gap_sweep"]) == {"0.05", "0.1", "0.15", "0.2", "0.3"}
