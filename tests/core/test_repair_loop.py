@@ -37,7 +37,7 @@ def test_a_goal_repairs_its_layout_candidates_and_a_new_goal_starts_from_one(
 ) -> None:
     # tiny-dit and tiny-clip have random weights, so their part scores say nothing: a gap of 0
     # makes every layout candidate's weaker part "failing", so the loop is sure to repair
-    monkeypatch.setitem(REVISERS, "search", SearchReviser(repair_gap=0.0))
+    monkeypatch.setitem(REVISERS, "search", SearchReviser(repair=True, refine=True, repair_gap=0.0))
     store = Store(sqlite_url)
     root = settings.resolved_artifacts_dir()
     dispatcher, _ctx = embedded_runtime(store, settings)

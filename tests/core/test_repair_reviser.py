@@ -38,7 +38,7 @@ def test_a_layout_candidate_with_one_failing_part_gets_that_region_repaired() ->
     s = spec(TWO)
     history = [laid_out(0, 1, 0.8, {PARTS[0]: 0.9, PARTS[1]: 0.4}),
                laid_out(1, 2, 0.5, {PARTS[0]: 0.5, PARTS[1]: 0.45})]
-    p = SearchReviser().propose(ctx(s, history, n=8))
+    p = SearchReviser(repair=True, refine=True).propose(ctx(s, history, n=8))
     assert len(p.candidates) == 8
     repairs = [d for d in p.candidates if (d.edit or "").startswith("repair:")]
     assert len(repairs) == 4  # half the slots while repairs are untried
@@ -68,7 +68,7 @@ def test_repair_and_refine_can_be_switched_off() -> None:
 def test_all_weak_parts_get_fresh_samples_not_repairs() -> None:
     s = spec(TWO)
     history = [laid_out(0, 1, 0.3, {PARTS[0]: 0.31, PARTS[1]: 0.3})]
-    p = SearchReviser(refine=False).propose(ctx(s, history, n=6))
+    p = SearchReviser(repair=True).propose(ctx(s, history, n=6))
     assert not [d for d in p.candidates if (d.edit or "").startswith("repair")]
     assert [d for d in p.candidates if d.edit == "seed" and d.regions == PLAN]
 
@@ -89,7 +89,7 @@ def test_repairs_get_more_slots_once_they_paid_off_and_fewer_once_they_did_not(
     # the repairs so far: children of c0 that gained (or lost) on the objective; their own
     # weak part is still far below the other, so each is a target too
     history = [parent, _repaired(1, "c0", gain), _repaired(2, "c0", gain)]
-    p = SearchReviser(refine=False).propose(ctx(s, history, n=8, iteration=2))
+    p = SearchReviser(repair=True).propose(ctx(s, history, n=8, iteration=2))
     repairs = [d for d in p.candidates if (d.edit or "").startswith("repair:")]
     assert len(repairs) == expected
     assert p.notes["repair_mean_gain"] == pytest.approx(
@@ -105,14 +105,15 @@ def test_refines_stop_after_two_that_did_not_pay_off() -> None:
     refined = [replace(cand(i, TWO, 50 + i, 0.5, {PARTS[0]: 0.5, PARTS[1]: 0.5}, parent="c0",
                             edit="refine"), params={"init_image": "g/c0-1.png", "strength": 0.6})
                for i in (1, 2)]
-    assert [d for d in SearchReviser().propose(ctx(s, [best], n=8)).candidates if d.edit == "refine"]
-    p = SearchReviser().propose(ctx(s, [best, *refined], n=8, iteration=2))
+    reviser = SearchReviser(refine=True)
+    assert [d for d in reviser.propose(ctx(s, [best], n=8)).candidates if d.edit == "refine"]
+    p = reviser.propose(ctx(s, [best, *refined], n=8, iteration=2))
     assert not [d for d in p.candidates if d.edit == "refine"]
 
 
 def test_a_goal_with_an_init_image_refines_it_in_every_iteration() -> None:
     s = replace(spec("a red circle"), init_image="uploads/abc.png", init_strength=0.4)
-    first = SearchReviser().propose(ctx(s, [], n=4, iteration=0))
+    first = SearchReviser().propose(ctx(s, [], n=4, iteration=0))  # whatever the switches
     assert first.notes["strategy"] == "refine"
     assert all(d.init_image == "uploads/abc.png" and d.strength == 0.4 and d.edit == "refine"
                and not d.regions for d in first.candidates)
@@ -120,7 +121,7 @@ def test_a_goal_with_an_init_image_refines_it_in_every_iteration() -> None:
     history = [replace(cand(i, d.prompt, d.seed, 0.5 + i / 10, edit="refine"),
                        params=d.noise_and_layout_params(), artifact_uri=f"g/c{i}-1.png")
                for i, d in enumerate(first.candidates)]
-    later = SearchReviser(variation_share=0.5).propose(ctx(s, history, n=4))
+    later = SearchReviser(variation_share=0.5, refine=True).propose(ctx(s, history, n=4))
     assert len(later.candidates) == 4
     # reseeds and edits keep the goal's image; no noise variations of an image-to-image goal
     for d in later.candidates:
@@ -135,3 +136,11 @@ def test_repair_settings_are_checked() -> None:
         with pytest.raises(ValueError):
             SearchReviser(**kwargs)  # type: ignore[arg-type]
     assert isinstance(CandidateDraft("x", 1).noise_and_layout_params(), dict)
+
+
+def test_repair_and_refine_are_off_by_default() -> None:
+    s = spec(TWO)
+    history = [laid_out(0, 1, 0.8, {PARTS[0]: 0.9, PARTS[1]: 0.4})]
+    default = SearchReviser().propose(ctx(s, history, n=8))
+    explicit = SearchReviser(repair=False, refine=False).propose(ctx(s, history, n=8))
+    assert default.candidates == explicit.candidates
