@@ -70,12 +70,12 @@ def repair_mask(request: GenerationRequest, rows: int, cols: int) -> Image.Image
     ``regions[repair_region]`` has the most weight on a ``rows`` x ``cols`` grid (the grid the
     layout was blended on), white where it is drawn again."""
     if request.mask is not None:
-        return request.mask.convert("L").resize((request.width, request.height), Image.NEAREST)
+        return request.mask.convert("L").resize((request.width, request.height), Image.Resampling.NEAREST)
     assert request.repair_region is not None  # kind "repair" says one of the two is set
     weights = region_weights(request.regions, rows, cols)
     ruled = weights.argmax(dim=0) == request.repair_region
     grid = Image.fromarray(ruled.to(torch.uint8).mul(255).numpy(), mode="L")
-    return grid.resize((request.width, request.height), Image.NEAREST)
+    return grid.resize((request.width, request.height), Image.Resampling.NEAREST)
 
 
 class Editor:
@@ -117,7 +117,7 @@ class Editor:
         encode_s = time.perf_counter() - start
         start = time.perf_counter()
         size = (first.width, first.height)
-        inits = [r.init_image.convert("RGB").resize(size, Image.BICUBIC)  # type: ignore[union-attr]
+        inits = [r.init_image.convert("RGB").resize(size, Image.Resampling.BICUBIC)  # type: ignore[union-attr]
                  for r in batch]
         kwargs: dict[str, Any] = runner._call_kwargs(first) | text_kwargs
         masks: list[Image.Image] = []
@@ -125,7 +125,8 @@ class Editor:
             rows, cols = self._blend_grid(first)
             masks = [repair_mask(r, rows, cols) for r in batch]
             kwargs["mask_image"] = masks
-        images = self.pipeline(kind)(
+        pipe: Any = self.pipeline(kind)
+        images = pipe(
             image=inits,
             strength=first.strength,
             height=first.height,
