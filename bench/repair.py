@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = parser.parse_args(argv)
     if args.quick:
-        args.goals, args.samples, args.seeds, args.strengths = 4, 4, 1, "1.0"
+        args.goals, args.samples, args.seeds, args.strengths = 4, 4, 1, "0.7"
     if args.threads:
         torch.set_num_threads(args.threads)
     strengths = [float(s) for s in args.strengths.split(",")]
