@@ -86,14 +86,28 @@ def run(
     url: Annotated[str | None, typer.Option(
         help="Submit to this server and watch it there, instead of running here.",
     )] = None,
+    init_image: Annotated[Path | None, typer.Option(
+        "--init-image", help="Start from this PNG or JPEG: the first iteration refines it.",
+    )] = None,
+    strength: Annotated[float | None, typer.Option(
+        help="With --init-image: how much of the schedule runs again, in (0, 1] (default 0.6).",
+    )] = None,
 ) -> None:
     """Run one goal to the end and write its gallery (or, with --url, on a server)."""
+    image_b64 = None
+    if init_image is not None:
+        import base64
+
+        try:
+            image_b64 = base64.b64encode(init_image.read_bytes()).decode("ascii")
+        except OSError as exc:
+            _fail(f"cannot read --init-image {init_image}: {exc.strerror or exc}")
     if url:
         options = {
             "goal": goal, "budget": budget, "fanout": fanout, "max_iterations": max_iterations,
             "target_score": target_score, "patience": patience, "model": model,
             "scorer": scorer, "steps": steps, "size": size, "guidance": guidance, "seed": seed,
-            "reviser": reviser,
+            "reviser": reviser, "init_image": image_b64, "init_strength": strength,
         }
         run_remote(url, {k: v for k, v in options.items() if v is not None}, as_json)
         return
@@ -104,13 +118,21 @@ def run(
                 goal=goal, budget=budget, fanout=fanout, max_iterations=max_iterations,
                 target_score=target_score, patience=patience, model=model, scorer=scorer,
                 steps=steps, size=size, guidance=guidance, seed=seed, negative_prompt="",
-                reviser=reviser, tenant="default",
+                reviser=reviser, tenant="default", webhook=None, init_image=image_b64,
+                init_candidate_id=None, init_strength=strength,
             ),
             settings,
         )
     except GoalInvalid as exc:
         _fail(exc.first_line())
     store = _open_store(settings)
+    if image_b64 is not None:
+        from agentloop.images import InitImageInvalid, resolve_init
+
+        try:
+            spec = resolve_init(spec, store, settings, image_b64, None)
+        except InitImageInvalid as exc:
+            _fail(f"--init-image {init_image}: {exc.message}")
     dispatcher, closer = _dispatcher(store, settings)
     goal_view = store.create_goal(spec)
     dispatcher.advance_goal(goal_view.id)

@@ -139,6 +139,10 @@ ModelName = Annotated[SafeStr, Field(max_length=MAX_NAME_CHARS)]
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 """A float that is neither NaN nor infinite (Python's json reads `NaN` and `Infinity`)."""
 
+DEFAULT_INIT_STRENGTH = 0.6
+"""How much of the schedule a goal's first refinements of its init image run again: enough
+to change details and fix attributes, little enough to keep the image's composition."""
+
 
 def _whole_float_as_int(value: Any) -> Any:
     return int(value) if isinstance(value, float) and value.is_integer() else value
@@ -239,6 +243,14 @@ class GoalRequest(BaseModel):
     reviser: Literal["search", "external", "llm"] = "search"
     tenant: TenantName = "default"
     webhook: WebhookRequest | None = None
+    init_image: Annotated[str, Field(
+        description="start from this image: PNG or JPEG, base64 (a data: URL is accepted); "
+        "at most the server's max_init_image_bytes once decoded")] | None = None
+    init_candidate_id: Annotated[SafeStr, Field(
+        max_length=64, description="start from this earlier candidate's image (same tenant)")] | None = None
+    init_strength: FiniteFloat | None = Field(
+        default=None, description="with init_image or init_candidate_id: how much of the "
+        f"schedule runs again, in (0, 1]; default {DEFAULT_INIT_STRENGTH}")
 
 
 @dataclass(frozen=True)
@@ -262,11 +274,19 @@ class GoalSpec:
     tenant: str
     webhook: dict[str, Any] | None = None
     """The webhook's url and events (its secret is kept out of the spec); None: no webhook."""
+    init_image: str | None = None
+    """The image the goal starts from, an artifact path (an upload, or an earlier candidate's
+    image); None: the goal starts from text."""
+    init_strength: float | None = None
+    """With ``init_image``: how much of the schedule each refinement of it runs again."""
+    init_candidate_id: str | None = None
+    """The earlier candidate whose image ``init_image`` is, if it came from one."""
 
     def to_json(self) -> dict[str, Any]:
         data = dict(self.__dict__)
-        if data["webhook"] is None:
-            del data["webhook"]  # the spec of a goal without one reads as it always did
+        for optional in ("webhook", "init_image", "init_strength", "init_candidate_id"):
+            if data[optional] is None:
+                del data[optional]  # the spec of a goal without one reads as it always did
         return data
 
     @classmethod
@@ -349,6 +369,13 @@ def check_goal(data: dict[str, Any] | GoalRequest, settings: Settings) -> GoalSp
     elif size > settings.max_size:
         errors.append(("size", f"must be at most {settings.max_size}"))
     webhook = _check_webhook(req.webhook, settings, errors)
+    if req.init_image is not None and req.init_candidate_id is not None:
+        errors.append(("init_image", "give init_image or init_candidate_id, not both"))
+    if req.init_strength is not None:
+        if req.init_image is None and req.init_candidate_id is None:
+            errors.append(("init_strength", "needs init_image or init_candidate_id"))
+        elif not 0 < req.init_strength <= 1:
+            errors.append(("init_strength", "must be in (0, 1]"))
     if errors:
         raise GoalInvalid(errors)
     guidance = req.guidance if req.guidance is not None else float(defaults.get("guidance", 1.0))
@@ -358,6 +385,8 @@ def check_goal(data: dict[str, Any] | GoalRequest, settings: Settings) -> GoalSp
         steps=steps, size=size, guidance=guidance, seed=req.seed,
         negative_prompt=req.negative_prompt, reviser=req.reviser, tenant=req.tenant,
         webhook=webhook,
+        init_strength=(req.init_strength if req.init_strength is not None else DEFAULT_INIT_STRENGTH)
+        if req.init_image is not None or req.init_candidate_id is not None else None,
     )
 
 
@@ -487,6 +516,23 @@ class CandidateView:
         value = self.timings.get("pruned_at_step")
         return None if value is None else int(value)
 
+    @property
+    def init_image(self) -> str | None:
+        """The image it starts from (an artifact path), from its params (None: text-to-image)."""
+        value = self.params.get("init_image")
+        return None if value is None else str(value)
+
+    @property
+    def strength(self) -> float:
+        """How much of the schedule it runs again from its init image, in (0, 1] (1 without)."""
+        return float(self.params.get("strength", 1.0))
+
+    @property
+    def repair_region(self) -> int | None:
+        """The region of its layout it draws again over its init image (None: not a repair)."""
+        value = self.params.get("repair_region")
+        return None if value is None else int(value)
+
 
 @dataclass
 class IterationView:
@@ -591,6 +637,13 @@ class CandidateDraft:
     ``pruned``). None: the candidate always finishes."""
     prune_keep: int = 0
     prune_at_step: int = 0
+    init_image: str | None = None
+    """Image-to-image: the image to start from, an artifact path (a parent's image, or a
+    goal's uploaded image). None: text-to-image."""
+    strength: float = 1.0
+    """With ``init_image``: how much of the schedule runs again, in (0, 1]."""
+    repair_region: int | None = None
+    """A repair: the region of ``regions`` drawn again over ``init_image``, the rest kept."""
 
     @property
     def has_variation(self) -> bool:
@@ -609,14 +662,18 @@ class CandidateDraft:
         return replace(self, prune_group=None, prune_keep=0, prune_at_step=0)
 
     def noise_and_layout_params(self) -> dict[str, Any]:
-        """Its variation and layout as candidate params (what ``CandidateView`` reads back);
-        none at all for a plain draft."""
+        """Its variation, layout and init image as candidate params (what ``CandidateView``
+        reads back); none at all for a plain draft."""
         params: dict[str, Any] = {}
         if self.has_variation:
             params |= {"variation_seed": self.variation_seed,
                        "variation_strength": self.variation_strength}
         if self.regions:
             params["regions"] = [list(layout_entry(*entry_values(r))) for r in self.regions]
+        if self.init_image is not None:
+            params |= {"init_image": self.init_image, "strength": float(self.strength)}
+            if self.repair_region is not None:
+                params["repair_region"] = int(self.repair_region)
         return params
 
 

@@ -139,6 +139,12 @@ def build_server(client: AsyncClient) -> MCPServer:
         size: Annotated[int | None, Field(description="image side in pixels, a multiple of 8")] = None,
         seed: Annotated[int, Field(description="same seed, same images")] = 0,
         negative_prompt: Annotated[str, Field(description="what the images should not show")] = "",
+        init_candidate_id: Annotated[str | None, Field(
+            description="start from this earlier candidate's image (from get_goal or "
+            "candidates): every image refines it")] = None,
+        init_strength: Annotated[float | None, Field(
+            description="with init_candidate_id: how much to change it, in (0, 1] "
+            "(default 0.6)")] = None,
     ) -> dict[str, Any]:
         """Start a generation loop for a goal; returns at once with the goal's id and status.
 
@@ -151,7 +157,8 @@ def build_server(client: AsyncClient) -> MCPServer:
             "budget": budget, "fanout": fanout, "max_iterations": max_iterations,
             "target_score": target_score, "reviser": reviser, "model": model,
             "scorer": scorer, "steps": steps, "size": size, "seed": seed,
-            "negative_prompt": negative_prompt,
+            "negative_prompt": negative_prompt, "init_candidate_id": init_candidate_id,
+            "init_strength": init_strength,
         }
         options = {k: v for k, v in options.items() if v is not None}
         return _goal(await _call(lambda: client.create_goal(goal, **options), url))

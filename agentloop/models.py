@@ -71,8 +71,14 @@ class CandidateOut(BaseModel):
     artifact_url: str | None
     timings: dict[str, float]
     error: str | None
-    parent_id: str | None
-    edit: str | None
+    parent_id: str | None = Field(description="the candidate it was made from (an edit, "
+                                  "a repair, a refinement); null for a fresh sample")
+    edit: str | None = Field(description="how it was made: seed, layout, an edit kind, "
+                             "variation:<s>, repair:<part>, refine, external")
+    init_image_url: str | None = Field(
+        default=None, description="the image it started from (a parent's image or the "
+        "goal's init image); null for text-to-image. `params` holds `strength` and, for a "
+        "repair, `repair_region`")
     queued_at: UtcDateTime | None
     started_at: UtcDateTime | None
     finished_at: UtcDateTime | None
@@ -80,13 +86,15 @@ class CandidateOut(BaseModel):
     @classmethod
     def of(cls, c: CandidateView) -> CandidateOut:
         url = f"/v1/artifacts/{c.artifact_uri}" if c.artifact_uri else None
+        init = f"/v1/artifacts/{c.init_image}" if c.init_image else None
         return cls(
             id=c.id, iteration=c.iteration, ordinal=c.ordinal, status=c.status,
             prompt=c.prompt, negative_prompt=c.negative_prompt, seed=c.seed, params=c.params,
             attempts=c.attempts, worker=c.worker, clip_score=c.clip_score,
             part_scores=c.part_scores, preview_score=c.preview_score,
             pruned_at_step=c.pruned_at_step, artifact_url=url, timings=c.timings, error=c.error,
-            parent_id=c.parent_id, edit=c.edit, queued_at=c.queued_at, started_at=c.started_at,
+            parent_id=c.parent_id, edit=c.edit, init_image_url=init,
+            queued_at=c.queued_at, started_at=c.started_at,
             finished_at=c.finished_at,
         )
 

@@ -117,6 +117,14 @@ class Settings(BaseSettings):
     iteration of a few hundred prompts (the largest iteration the schema allows, 256 prompts
     with 8 regions and every text at its longest, does not fit: 413)."""
 
+    max_init_image_bytes: int = 512 * 1024
+    """Largest image a goal may start from (`init_image`, decoded; 413 above it). Its base64
+    in a JSON body must also fit `max_body_bytes`."""
+
+    max_init_image_side: int = 2048
+    """Widest or tallest image a goal may start from, in pixels (422 above it); it is resized
+    to the goal's size anyway."""
+
     mcp_allowed_hosts: list[str] = Field(
         default_factory=lambda: ["127.0.0.1:*", "localhost:*", "[::1]:*", "testserver"]
     )

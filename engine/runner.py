@@ -48,6 +48,7 @@ from engine.denoise import (
     decode,
     decode_x0,
 )
+from engine.edits import Editor, edit_problems
 from engine.loading import load_pipeline
 from engine.regions import region_weights
 from engine.speedups import apply_speedups
@@ -204,6 +205,8 @@ class Runner:
         is a FluxPipeline; None: the stock pipeline call."""
         if config.own_loop and isinstance(self.pipe, FluxPipeline):
             self._loop = FluxDenoiseLoop(self.pipe, config.cfg_truncation)
+        self.editor = Editor(self)
+        """Runs image-to-image and repair requests (``engine.edits``)."""
 
     @property
     def denoiser(self) -> torch.nn.Module:
@@ -256,6 +259,7 @@ class Runner:
             problems.append(f"variations are not supported for {type(self.pipe).__name__}")
         if request.regions:
             problems += self._layout_problems(request)
+        problems += edit_problems(self.pipe, request)
         if problems:
             raise ValueError(f"invalid request {request.prompt!r}: " + "; ".join(problems))
 
@@ -324,6 +328,8 @@ class Runner:
         """One pipeline call for requests that share a batch key (``positions``: theirs in
         the requests given to ``generate``, which is how the preview scorer names them)."""
         first = batch[0]
+        if first.kind != "text":
+            return self.editor.run_batch(batch)
         if self._loop is not None:
             return self._run_own_loop(batch, positions or range(len(batch)), preview_scorer)
         if first.regions:

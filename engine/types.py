@@ -61,6 +61,19 @@ class GenerationRequest:
     """How many of the group finish (every member gives the same value)."""
     prune_at_step: int = 0
     """After how many denoising steps the group is previewed and cut, in [1, steps)."""
+    init_image: Image.Image | None = None
+    """Image-to-image: the image to start from (converted to RGB, resized to width x height).
+    None: text-to-image. With ``mask`` or ``repair_region``, a repair of that area."""
+    strength: float = 1.0
+    """With ``init_image``: the share of the schedule run again, in (0, 1]. 1 starts the
+    edited area from pure noise; lower keeps more of the init image (img2img's strength)."""
+    mask: Image.Image | None = None
+    """A repair: white where the image is drawn again, black where ``init_image`` is kept
+    (grayscale, resized to width x height, read at 0.5). Needs ``init_image``."""
+    repair_region: int | None = None
+    """A layout repair: draw the area of ``regions[repair_region]`` again from its prompt and
+    keep the rest of ``init_image``. Needs ``init_image`` and ``regions``; costs one denoiser
+    pass per step, not one per region."""
 
     @property
     def has_variation(self) -> bool:
@@ -68,9 +81,17 @@ class GenerationRequest:
         return self.variation_seed is not None and self.variation_strength > 0
 
     @property
+    def kind(self) -> str:
+        """"text" (text-to-image), "image" (image-to-image) or "repair" (one area redrawn)."""
+        if self.init_image is None:
+            return "text"
+        return "repair" if self.mask is not None or self.repair_region is not None else "image"
+
+    @property
     def denoiser_passes(self) -> int:
-        """Denoiser passes per step (per guidance branch): one, or one per region."""
-        return max(1, len(self.regions))
+        """Denoiser passes per step (per guidance branch): one, or one per region for a
+        text-to-image layout."""
+        return max(1, len(self.regions)) if self.kind == "text" else 1
 
     def problems(self, model: str, size_multiple: int) -> list[str]:
         """What makes this request unservable by any runner of `model` whose image sides
@@ -100,7 +121,9 @@ class GenerationRequest:
                 problems.append(f"prune_keep {self.prune_keep} < 1")
             if not 1 <= self.prune_at_step < self.steps:
                 problems.append(f"prune_at_step {self.prune_at_step} not in [1, steps {self.steps})")
-        return problems
+            if self.init_image is not None:
+                problems.append("pruning applies to text-to-image only")
+        return problems + self._edit_problems()
 
     @property
     def prune_key(self) -> tuple[str, int, int] | None:
@@ -110,10 +133,44 @@ class GenerationRequest:
             return None
         return (self.prune_group, self.prune_keep, self.prune_at_step)
 
-    def batch_key(self) -> tuple[int, int, int, float, str, int]:
+    def _edit_problems(self) -> list[str]:
+        """What is wrong with this request's image-to-image or repair fields."""
+        problems = []
+        if not (isinstance(self.strength, int | float) and math.isfinite(self.strength)
+                and 0 < self.strength <= 1):
+            problems.append(f"strength {self.strength!r} is not a number in (0, 1]")
+        if self.init_image is None:
+            if self.strength != 1.0:
+                problems.append("strength needs an init_image")
+            if self.mask is not None or self.repair_region is not None:
+                problems.append("a repair (mask or repair_region) needs an init_image")
+            return problems
+        if not isinstance(self.init_image, Image.Image):
+            problems.append(f"init_image is a {type(self.init_image).__name__}, not a PIL image")
+        if self.mask is not None and not isinstance(self.mask, Image.Image):
+            problems.append(f"mask is a {type(self.mask).__name__}, not a PIL image")
+        if self.mask is not None and self.repair_region is not None:
+            problems.append("give a mask or a repair_region, not both")
+        if self.repair_region is not None and not (
+            isinstance(self.repair_region, int) and 0 <= self.repair_region < len(self.regions)
+        ):
+            problems.append(
+                f"repair_region {self.repair_region!r} is not a region index (regions: "
+                f"{len(self.regions)})"
+            )
+        if self.regions and self.repair_region is None:
+            problems.append("a layout with an init_image needs a repair_region")
+        if self.has_variation:
+            problems.append("noise variations apply to text-to-image only")
+        return problems
+
+    def batch_key(self) -> tuple[int, int, int, float, str, int, str, float]:
         """Requests with equal keys can run as one batch (variations batch with plain requests;
-        layouts batch with layouts of as many regions)."""
-        return (self.width, self.height, self.steps, self.guidance, self.model, len(self.regions))
+        layouts batch with layouts of as many regions; image-to-image and repairs batch with
+        their own kind at the same strength)."""
+        passes = len(self.regions) if self.kind == "text" else 0
+        return (self.width, self.height, self.steps, self.guidance, self.model, passes,
+                self.kind, float(self.strength))
 
 
 @dataclass

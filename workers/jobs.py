@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from agentloop.dispatch import Dispatcher, dispatch_generation, queue_depth
 from agentloop.domain import CandidateStatus, CandidateView
+from agentloop.images import load_artifact
 from agentloop.orchestrator import Policy, advance
 from agentloop.parts import goal_parts, part_regions
 from agentloop.revisers.base import objective_of
@@ -206,7 +207,7 @@ def _generate_and_record(ctx: WorkerContext, token: str, claimed: list[Candidate
     for (model, scorer), claimed_group in by_model.items():
         with residency.lock:
             runner = residency.runner(model)
-            group, requests = _refuse_invalid(ctx, token, runner, claimed_group)
+            group, requests = _refuse_invalid(ctx, token, runner, claimed_group, root)
             if not group:
                 continue
             score_requests = [_score_request(texts[c.goal_id], c, ctx.settings.goal_parser)
@@ -264,16 +265,17 @@ def preview_scorer(scorer: Scorer, requests: Sequence[ScoreRequest]) -> PreviewS
 
 
 def _refuse_invalid(
-    ctx: WorkerContext, token: str, runner: Runner, group: list[CandidateView]
+    ctx: WorkerContext, token: str, runner: Runner, group: list[CandidateView], root: Path
 ) -> tuple[list[CandidateView], list[GenerationRequest]]:
     """The candidates the runner can serve, with their requests. Each one it refuses (a layout
-    for a model that cannot draw one, say) fails at once with the runner's reason: retrying
-    the same request cannot help, and it must not take its batch neighbours down with it."""
+    for a model that cannot draw one, an init image that is gone, say) fails at once with the
+    reason: retrying the same request cannot help, and it must not take its batch neighbours
+    down with it."""
     kept: list[CandidateView] = []
     requests: list[GenerationRequest] = []
     for c in group:
-        request = _request(c)
         try:
+            request = _request(c, root)
             runner.validate(request)
         except ValueError as exc:
             log.warning("candidate %s refused: %s", c.id, exc)
@@ -296,8 +298,18 @@ def _prune_timings(result: GenerationResult) -> dict[str, float]:
     return out
 
 
-def _request(c: CandidateView) -> GenerationRequest:
-    """The engine request for a stored candidate, with its variation and layout if it has them."""
+def _request(c: CandidateView, root: Path | None = None) -> GenerationRequest:
+    """The engine request for a stored candidate, with its variation, layout and init image
+    (loaded from the artifacts folder `root`) if it has them. ValueError when its init image
+    cannot be read."""
+    init = None
+    if c.init_image is not None:
+        if root is None:
+            raise ValueError("an init image needs the artifacts folder")
+        try:
+            init = load_artifact(root, c.init_image)
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"init image {c.init_image!r} cannot be read: {exc}") from None
     return GenerationRequest(
         prompt=c.prompt, seed=c.seed, negative_prompt=c.negative_prompt,
         width=int(c.params["width"]), height=int(c.params["height"]),
@@ -308,6 +320,9 @@ def _request(c: CandidateView) -> GenerationRequest:
         prune_group=c.prune_group,
         prune_keep=int(c.params.get("prune_keep", 0)),
         prune_at_step=int(c.params.get("prune_at_step", 0)),
+        init_image=init,
+        strength=c.strength if init is not None else 1.0,
+        repair_region=c.repair_region if init is not None else None,
     )
 
 

@@ -80,6 +80,10 @@ ERROR_CODES: dict[str, str] = {
     "idempotency_in_progress": "a request with this Idempotency-Key is still running (409)",
     "method_not_allowed": "the path does not take this method (405)",
     "body_too_large": "the body is over the size limit (413)",
+    "invalid_image": "a goal's init_image is not base64 of one readable PNG or JPEG (422)",
+    "image_too_large": "a goal's init_image is over the server's max_init_image_bytes (413)",
+    "invalid_init_candidate": "a goal's init_candidate_id names no succeeded candidate of "
+    "the tenant with an image (422)",
     "broker_unavailable": "the task broker is unavailable; retry (503)",
     "database_unavailable": "the database is unavailable; retry (503)",
 }

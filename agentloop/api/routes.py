@@ -43,6 +43,7 @@ from agentloop.domain import (
     CandidateStatus,
     GoalInvalid,
     GoalRequest,
+    GoalSpec,
     GoalStatus,
     SafeStr,
     TenantName,
@@ -77,8 +78,10 @@ def _answers(*codes: int) -> dict[int | str, dict[str, Any]]:
             409: "not possible in the goal's state (`not_external`, `goal_not_waiting`, "
             "`iteration_open`, `budget_exceeded`, `goal_finished`), or a request with the "
             "same Idempotency-Key still runs (`idempotency_in_progress`)",
-            413: "body too large (`body_too_large`)",
-            422: "invalid input (`validation_error`, with `errors`), or an Idempotency-Key "
+            413: "body too large (`body_too_large`), or an init image over the size limit "
+            "(`image_too_large`)",
+            422: "invalid input (`validation_error`, with `errors`; `invalid_image`, "
+            "`invalid_init_candidate` for a goal's init image), or an Idempotency-Key "
             "reused with another body (`idempotency_key_reused`)",
             503: "the task broker (`broker_unavailable`) or the database "
             "(`database_unavailable`) is unavailable; retry"}
@@ -121,13 +124,14 @@ def create_goal(
 ) -> JSONResponse:
     """Create a goal and start its loop (send an Idempotency-Key to make retries safe)."""
     try:
-        spec = check_goal(body, settings)
+        checked = check_goal(body, settings)
     except GoalInvalid as exc:
         raise RequestValidationError(
             [{"loc": ("body", f), "msg": m, "type": "value_error"} for f, m in exc.errors]
         ) from None
 
     def work(claim: IdempotencyClaim | None) -> tuple[int, Any]:
+        spec = _with_init_image(checked, body, store, settings)
         goal = store.create_goal(spec, claim, webhook_of(spec, body, settings))
         try:
             dispatcher.advance_goal(goal.id)
@@ -139,9 +143,24 @@ def create_goal(
             ) from None
         return status.HTTP_201_CREATED, GoalOut.of(goal).model_dump(mode="json")
 
-    scope = f"{spec.tenant}|POST /v1/goals"
+    scope = f"{checked.tenant}|POST /v1/goals"
     return run_once(store, settings, scope, idempotency_key,
                     request_hash(body.model_dump(mode="json")), work)
+
+
+def _with_init_image(
+    spec: GoalSpec, body: GoalRequest, store: StoreDep, settings: SettingsDep
+) -> GoalSpec:
+    """The spec with the goal's init image stored (an upload) or found (an earlier
+    candidate's); 422 (`invalid_image`, `invalid_init_candidate`) or 413 (`image_too_large`)
+    when it cannot be."""
+    from agentloop.images import InitImageInvalid, resolve_init
+
+    try:
+        return resolve_init(spec, store, settings, body.init_image, body.init_candidate_id)
+    except InitImageInvalid as exc:
+        raise ApiError(exc.status, exc.code, f"{exc.field}: {exc.message}",
+                       field=exc.field) from None
 
 
 @router.get(

@@ -6,12 +6,14 @@ response back to `BaseClient._answer`, which raises or parses. Like httpx's `Bas
 
 from __future__ import annotations
 
+import base64
 import os
 import random
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
+from pathlib import Path
 from time import time as _wall_clock
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote
@@ -44,6 +46,18 @@ RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 NEXT_CURSOR_HEADER = "X-Next-Cursor"
 MAX_RETRY_AFTER = 60.0
 """The longest a `Retry-After` may make the client wait before one retry, in seconds."""
+
+
+def encode_image(image: str | bytes | os.PathLike[str]) -> str:
+    """An init image as the API takes it (base64 text): the bytes of a PNG or JPEG, a path to
+    one (`pathlib.Path` or any path-like), or base64 text already (returned as it is)."""
+    if isinstance(image, os.PathLike):
+        image = Path(image).read_bytes()
+    if isinstance(image, bytes | bytearray):
+        return base64.b64encode(bytes(image)).decode("ascii")
+    if isinstance(image, str):
+        return image
+    raise TypeError(f"init_image must be bytes, a path or base64 text, not {type(image).__name__}")
 
 
 class Page(list[T]):
@@ -120,7 +134,10 @@ class BaseClient:
     def _create_goal(
         self, goal: str, options: Mapping[str, Any], idempotency_key: str | None = None
     ) -> Call[Goal]:
-        return Call("POST", self._url("/v1/goals"), _model(Goal), json={"goal": goal, **options},
+        body = {"goal": goal, **options}
+        if body.get("init_image") is not None:
+            body["init_image"] = encode_image(body["init_image"])
+        return Call("POST", self._url("/v1/goals"), _model(Goal), json=body,
                     headers=_idempotency(idempotency_key), idempotent=True)
 
     def _get_goal(self, goal: GoalRef) -> Call[Goal]:

@@ -70,7 +70,9 @@ class Client(BaseClient):
     def create_goal(
         self, goal: str, *, idempotency_key: str | None = None, **options: Any
     ) -> Goal:
-        """Create a goal (options: budget, fanout, model, scorer, steps, size, reviser, ...).
+        """Create a goal (options: budget, fanout, model, scorer, steps, size, reviser, ...;
+        `init_image`: PNG or JPEG bytes, a `pathlib.Path` or base64 text, or
+        `init_candidate_id`, with `init_strength`, to start from an image).
         Sent with an Idempotency-Key (`idempotency_key`, or a fresh one), so retries are safe."""
         return self._request(self._create_goal(goal, options, idempotency_key))
 

@@ -128,3 +128,26 @@ def test_cancel_from_the_command_line(env: Path) -> None:
     missing = invoke("cancel", "0" * 32)
     assert missing.exit_code == 1 and "not found" in missing.output
     store.dispose()
+
+
+def test_run_refuses_an_init_image_it_cannot_use(env: Path) -> None:
+    missing = invoke("run", "a red circle", "--init-image", str(env / "nope.png"), *TINY)
+    assert missing.exit_code == 2 and "cannot read --init-image" in " ".join(missing.output.split())
+    (env / "notes.png").write_text("not an image")
+    bad = invoke("run", "a red circle", "--init-image", str(env / "notes.png"), *TINY)
+    assert bad.exit_code == 2 and "not a readable PNG or JPEG" in " ".join(bad.output.split())
+    strength = invoke("run", "a red circle", "--strength", "0.5", *TINY)
+    assert strength.exit_code == 2 and "init_strength" in strength.output
+
+
+@pytest.mark.slow
+def test_run_refines_an_init_image(env: Path) -> None:
+    from PIL import Image
+
+    Image.new("RGB", (48, 48), (200, 30, 30)).save(env / "start.png")
+    out = env / "out"
+    result = invoke("run", "a red circle", "--init-image", str(env / "start.png"), "--strength",
+                    "0.5", "--budget", "2", "--fanout", "2", *TINY, "--out", str(out), "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert [c["edit"] for c in summary["candidates"]] == ["refine", "refine"]

@@ -156,3 +156,23 @@ def test_importing_the_sdk_stays_light() -> None:
         "assert not heavy, heavy"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_an_init_image_is_sent_as_base64_from_bytes_or_a_path(tmp_path) -> None:  # noqa: ANN001
+    import base64
+
+    png = b"\x89PNG\r\n\x1a\n not really, the server checks"
+    (tmp_path / "start.png").write_bytes(png)
+    seen, transport = recording(201)
+    with Client("http://host:9", transport=transport) as client:
+        client.create_goal("a red circle", init_image=png, init_strength=0.5)
+        client.create_goal("a red circle", init_image=tmp_path / "start.png")
+        client.create_goal("a red circle", init_image="aGVsbG8=")
+        client.create_goal("a red circle", init_candidate_id="c1")
+        with pytest.raises(TypeError):
+            client.create_goal("a red circle", init_image=3.5)
+    bodies = [json.loads(r.content) for r in seen]
+    encoded = base64.b64encode(png).decode()
+    assert bodies[0] == {"goal": "a red circle", "init_image": encoded, "init_strength": 0.5}
+    assert bodies[1]["init_image"] == encoded and bodies[2]["init_image"] == "aGVsbG8="
+    assert bodies[3] == {"goal": "a red circle", "init_candidate_id": "c1"}

@@ -132,3 +132,13 @@ def test_engine_bench_runs_every_row(capsys: pytest.CaptureFixture[str]) -> None
     for row in rows.values():
         assert row["images_per_s"] > 0 and 0 <= row["accuracy"] <= 1 and 0 <= row["clip_score"] <= 2.5
     assert figures["targets"]["diffusers_best"] in (None, "diffusers first_block 0.1")
+
+
+def test_repair_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    figures = _load("repair").main(["--goals", "1", "--samples", "2", "--seeds", "1",
+                                    "--strengths", "1.0", "--steps", "2"])
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == figures
+    assert set(figures["rows"]) == {"repair wrong part @1", "repair CLIP-weakest part @1",
+                                    "fresh layout sample"}
+    assert 0 <= figures["one_part_wrong"] <= 2 and 0.0 <= figures["layout_right"] <= 1.0
+    assert set(figures["gap_sweep"]) == {"0.05", "0.1", "0.15", "0.2", "0.3"}
