@@ -11,12 +11,13 @@ change against the reference configuration (the model's shipped defaults unless
 same noise), the denoiser passes per image (transformer rows: two per guided step, one per
 unguided step) and seconds per image on this machine.
 
-    python bench/steps.py                       # the default sweep (below)
-    python bench/steps.py --quick               # 8 goals per kind, a few configurations
-    python bench/steps.py --configs 12:2:1 12:2:0.75 --goals 100
+    python -m bench.steps                       # the default sweep (below)
+    python -m bench.steps --quick               # 8 goals per kind, a few configurations
+    python -m bench.steps --configs 12:2:1 12:2:0.75 --goals 100
+    python -m bench.steps --objects 2 --layout  # two-object goals drawn from layouts
 
 A configuration is ``steps:shift:cfg_truncation``. The default sweep, in this order after
-the reference: steps 12, 8, 4, 6, 10, 16 at shift 3; truncation 0.5 and 0.75 at 12 steps;
+the reference: steps 12, 8, 4, 6, 10, 16, 20 at shift 3 (less the reference's); truncation 0.5 and 0.75 at 12 steps;
 shifts 2, 1, 5 at 8 steps and 2, 5 at 12; truncation 0.5 at 20 steps (guidance on every
 step elsewhere). ``--time-limit`` starts no configuration after that many minutes (the
 table then holds those done). The last line is one JSON object.
@@ -43,7 +44,7 @@ from engine.shapes.evaluate import layout_of
 from engine.types import GenerationRequest
 
 DEFAULT_SWEEP = (
-    [(s, 3.0, 1.0) for s in (12, 8, 4, 6, 10, 16)]
+    [(s, 3.0, 1.0) for s in (12, 8, 4, 6, 10, 16, 20)]
     + [(12, 3.0, t) for t in (0.5, 0.75)]
     + [(8, shift, 1.0) for shift in (2.0, 1.0, 5.0)]
     + [(12, shift, 1.0) for shift in (2.0, 5.0)]
