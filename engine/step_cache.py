@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
