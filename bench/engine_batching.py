@@ -5,12 +5,15 @@ For each model, the same requests (guidance 3, so two guidance branches) run one
 through the stock pipeline call (batching off, no cache), batched, batched with the
 text-embedding cache, and with the runner's own loop on top (one transformer call per step
 for both branches; Flux models only, the others run the stock call whatever the switch);
-the table shows seconds per image after a warm-up,
-the speed-up, and the quality cost as PSNR and max pixel difference against the
+the table shows seconds per image after a warm-up (wall, and process CPU time, steadier on
+a shared machine), the speed-up, and the quality cost as PSNR and max pixel difference against the
 unoptimized images (batching and the cache should change nothing: inf dB; the own loop
 float rounding at most). Guidance truncation stays off (``cfg_truncation`` 1.0) in every row.
 
-    python bench/engine_batching.py --models tiny-dit tiny-unet --n 16 --steps 10
+    python -m bench.engine_batching --models tiny-dit tiny-unet --n 16 --steps 10
+
+(``python -m`` from the repository root: run as a file, ``bench/queue.py`` would shadow the
+standard library's ``queue`` that torch imports.)
 
 The last line printed is one JSON object with every figure.
 """
@@ -44,11 +47,13 @@ def _max_diff(a: list[GenerationResult], b: list[GenerationResult]) -> int:
     )
 
 
-def _timed(runner: Runner, requests: list[GenerationRequest]) -> tuple[float, list]:
+def _timed(runner: Runner, requests: list[GenerationRequest]) -> tuple[float, float, list]:
+    """Wall and process CPU seconds per image (CPU time is steadier on a shared machine)."""
     runner.generate(requests[:2])  # warm-up: first-call allocations, load time billing
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     results = runner.generate(requests)
-    return (time.perf_counter() - start) / len(requests), results
+    n = len(requests)
+    return (time.perf_counter() - start) / n, (time.process_time() - cpu) / n, results
 
 
 def bench_model(model: str, base: EngineConfig, n: int, steps: int, size: int) -> list[dict]:
@@ -67,12 +72,13 @@ def bench_model(model: str, base: EngineConfig, n: int, steps: int, size: int) -
     }
     rows, reference = [], None
     for name, config in variants.items():
-        seconds, results = _timed(Runner(model, config), requests)
-        reference = reference or (seconds, results)
+        seconds, cpu_seconds, results = _timed(Runner(model, config), requests)
+        reference = reference or (seconds, results, cpu_seconds)
         psnr = min(_psnr(a, b) for a, b in zip(results, reference[1], strict=True))
         rows.append(
             {"model": model, "variant": name, "s_per_image": seconds,
-             "speedup": reference[0] / seconds, "min_psnr_db": psnr,
+             "speedup": reference[0] / seconds, "cpu_s_per_image": cpu_seconds,
+             "cpu_speedup": reference[2] / cpu_seconds, "min_psnr_db": psnr,
              "max_pixel_diff": _max_diff(results, reference[1])}
         )  # fmt: skip
     return rows
@@ -87,16 +93,23 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--size", type=int, default=32)
     ap.add_argument("--max-batch", type=int, default=16)
     ap.add_argument("--device", default="auto")
+    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     args = ap.parse_args(argv)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     base = EngineConfig(device=args.device, max_batch=args.max_batch, cfg_truncation=1.0)
     rows = [r for m in args.models for r in bench_model(m, base, args.n, args.steps, args.size)]
     print(f"device {base.resolved_device()}, {args.n} requests, {args.steps} steps, {args.size}px")
     print(
-        f"{'model':<12}{'variant':<22}{'s/image':>10}{'speed-up':>10}{'PSNR dB':>10}{'max diff':>10}"
+        f"{'model':<12}{'variant':<22}{'s/image':>10}{'speed-up':>10}{'cpu s/img':>10}"
+        f"{'cpu x':>8}{'PSNR dB':>10}{'max diff':>10}"
     )
     for r in rows:
         print(
             f"{r['model']:<12}{r['variant']:<22}{r['s_per_image']:>10.4f}{r['speedup']:>10.2f}"
+            f"{r['cpu_s_per_image']:>10.4f}{r['cpu_speedup']:>8.2f}"
             f"{r['min_psnr_db']:>10.1f}{r['max_pixel_diff']:>10d}"
         )
     figures = [

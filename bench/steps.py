@@ -11,13 +11,16 @@ change against the reference configuration (the model's shipped defaults unless
 same noise), the denoiser passes per image (transformer rows: two per guided step, one per
 unguided step) and seconds per image on this machine.
 
-    python bench/steps.py                       # the default sweep (below)
-    python bench/steps.py --quick               # 8 goals per kind, a few configurations
-    python bench/steps.py --configs 12:2:1 12:2:0.75 --goals 100
+    python -m bench.steps                       # the default sweep (below)
+    python -m bench.steps --quick               # 8 goals per kind, a few configurations
+    python -m bench.steps --configs 12:2:1 12:2:0.75 --goals 100
+    python -m bench.steps --objects 2 --layout  # two-object goals drawn from layouts
 
-A configuration is ``steps:shift:cfg_truncation``. The default sweep: steps 4, 6, 8, 10,
-12, 16, 20 at shift 3; shifts 1, 2, 5 at 8 and 12 steps; truncation 0.75 and 0.5 at 12 and
-20 steps (guidance on every step elsewhere). The last line is one JSON object.
+A configuration is ``steps:shift:cfg_truncation``. The default sweep, in this order after
+the reference: steps 12, 8, 4, 6, 10, 16, 20 at shift 3 (less the reference's); truncation 0.5 and 0.75 at 12 steps;
+shifts 2, 1, 5 at 8 steps and 2, 5 at 12; truncation 0.5 at 20 steps (guidance on every
+step elsewhere). ``--time-limit`` starts no configuration after that many minutes (the
+table then holds those done). The last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import time
 from dataclasses import dataclass, replace
 
@@ -36,13 +40,17 @@ from engine.defaults import model_defaults
 from engine.denoise import guided_steps
 from engine.runner import Runner
 from engine.shapes import checker, world
+from engine.shapes.evaluate import layout_of
 from engine.types import GenerationRequest
 
 DEFAULT_SWEEP = (
-    [(s, 3.0, 1.0) for s in (4, 6, 8, 10, 12, 16, 20)]
-    + [(s, shift, 1.0) for shift in (1.0, 2.0, 5.0) for s in (8, 12)]
-    + [(s, 3.0, t) for t in (0.75, 0.5) for s in (12, 20)]
+    [(s, 3.0, 1.0) for s in (12, 8, 4, 6, 10, 16, 20)]
+    + [(12, 3.0, t) for t in (0.5, 0.75)]
+    + [(8, shift, 1.0) for shift in (2.0, 1.0, 5.0)]
+    + [(12, shift, 1.0) for shift in (2.0, 5.0)]
+    + [(20, 3.0, 0.5)]
 )
+"""The default configurations, most informative first (``--time-limit`` may cut the tail)."""
 QUICK_SWEEP = [(4, 3.0, 1.0), (8, 3.0, 1.0), (20, 3.0, 1.0), (8, 1.0, 1.0), (20, 3.0, 0.5)]
 
 
@@ -75,10 +83,11 @@ class Setting:
         return f"{self.steps}:{self.shift:g}:{self.cfg_truncation:g}"
 
 
-def passes_per_image(setting: Setting, guidance: float) -> int:
-    """Transformer rows one image costs: two per guided step, one per unguided step."""
+def passes_per_image(setting: Setting, guidance: float, regions: int = 1) -> int:
+    """Transformer rows one image costs: a row per region per step, plus one unconditional
+    row per guided step."""
     guided = guided_steps(setting.steps, guidance, setting.cfg_truncation)
-    return setting.steps + guided
+    return regions * setting.steps + guided
 
 
 class Sweep:
@@ -107,14 +116,20 @@ class Sweep:
         return runner
 
     def judge(
-        self, setting: Setting, goals: list[world.Goal], guidance: float, seed: int
+        self,
+        setting: Setting,
+        goals: list[world.Goal],
+        guidance: float,
+        seed: int,
+        layout: bool = False,
     ) -> tuple[list[bool], float]:
-        """Whether each goal's image passes the checker, and seconds per image."""
+        """Whether each goal's image passes the checker, and seconds per image. With
+        ``layout``, each object of a goal is drawn in its own region."""
         runner = self.runner(setting)
         requests = [
             GenerationRequest(g.text, seed=seed + i, width=world.IMAGE_SIZE,
                               height=world.IMAGE_SIZE, steps=setting.steps, guidance=guidance,
-                              model=self.model)
+                              model=self.model, regions=layout_of(g.objects) if layout else ())
             for i, g in enumerate(goals)
         ]  # fmt: skip
         start = time.perf_counter()
@@ -151,7 +166,19 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--max-batch", type=int, default=64)
+    ap.add_argument(
+        "--layout",
+        action="store_true",
+        help="draw two-object goals as layouts, each object in its own region (as "
+        "the search reviser plans them)",
+    )
     ap.add_argument("--quick", action="store_true", help="8 goals per kind, 5 configurations")
+    ap.add_argument(
+        "--time-limit",
+        type=float,
+        default=None,
+        help="minutes after which no further configuration is started",
+    )
     args = ap.parse_args(argv)  # fmt: skip
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -167,17 +194,24 @@ def main(argv: list[str] | None = None) -> dict:
     goals = {k: world.heldout_goals(n_goals, objects=k, seed=args.seed + k) for k in args.objects}
     rows, passed, start = [], [], time.perf_counter()
     for setting in settings:
+        if args.time_limit is not None and time.perf_counter() - start > 60 * args.time_limit:
+            print(f"  time limit: {setting.label} and later not run", file=sys.stderr)
+            break
         row: dict = {"config": setting.label, "steps": setting.steps, "shift": setting.shift,
                      "cfg_truncation": setting.cfg_truncation,
                      "passes_per_image": passes_per_image(setting, guidance),
+                     "passes_per_layout_image": passes_per_image(setting, guidance, 2),
                      "seconds_per_image": 0.0}  # fmt: skip
         passed.append({})
         for k, kind_goals in goals.items():
-            ok, seconds = sweep.judge(setting, kind_goals, guidance, args.seed)
+            layout = args.layout and k == 2
+            ok, seconds = sweep.judge(setting, kind_goals, guidance, args.seed, layout)
             passed[-1][k] = ok
             row[f"acc_{k}"] = sum(ok) / len(ok)
             row["seconds_per_image"] += seconds / len(goals)
         rows.append(row)
+        accs = " ".join(f"{k}-obj {row[f'acc_{k}']:.3f}" for k in args.objects)
+        print(f"  {setting.label}: {accs}", file=sys.stderr, flush=True)
     elapsed = time.perf_counter() - start
     for row, ok in zip(rows, passed, strict=True):  # rows[0] is the reference
         for k in args.objects:
@@ -186,11 +220,12 @@ def main(argv: list[str] | None = None) -> dict:
             row[f"gained_{k}"] = sum(a and not b for a, b in pairs)
             row[f"lost_{k}"] = sum(b and not a for a, b in pairs)
         row["acc_mean"] = sum(row[f"acc_{k}"] for k in args.objects) / len(args.objects)
-    _print_table(rows, args.objects, n_goals, args.model, guidance, reference)
+    _print_table(rows, args.objects, n_goals, args.model, guidance, reference, args.layout)
     figures = {
         "bench": "steps", "model": args.model, "goals_per_kind": n_goals,
-        "objects": args.objects, "guidance": guidance, "seed": args.seed,
+        "objects": args.objects, "layout": args.layout, "guidance": guidance, "seed": args.seed,
         "reference": reference.label, "device": args.device, "seconds": round(elapsed, 1),
+        "not_run": [s.label for s in settings[len(rows):]],
         "rows": [{k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()}
                  for r in rows],
     }  # fmt: skip
@@ -199,7 +234,13 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def _print_table(
-    rows: list[dict], objects: list[int], n: int, model: str, guidance: float, ref: Setting
+    rows: list[dict],
+    objects: list[int],
+    n: int,
+    model: str,
+    guidance: float,
+    ref: Setting,
+    layout: bool,
 ) -> None:
     se = max(math.sqrt(0.25 / n), 1e-9)
     print(f"\nChecker accuracy (all attributes and count right), {n} held-out goals per kind, "
@@ -207,7 +248,7 @@ def _print_table(
           f"(binomial s.e. at most {100 * se:.1f} points per kind)\n")  # fmt: skip
     head = f"{'steps:shift:trunc':<18}{'passes':>7}"
     for k in objects:
-        head += f"{f'{k}-obj':>8}{'Δ':>7}{'+/-':>8}"
+        head += f"{f'{k}-obj' + ('L' if layout and k == 2 else ''):>8}{'Δ':>7}{'+/-':>8}"
     head += f"{'mean':>8}{'s/img':>8}"
     print(head)
     print("-" * len(head))
@@ -218,8 +259,14 @@ def _print_table(
             line += f"{100 * r[f'acc_{k}']:>8.1f}{100 * r[f'delta_{k}']:>+7.1f}{flips:>8}"
         line += f"{100 * r['acc_mean']:>8.1f}{r['seconds_per_image']:>8.3f}"
         print(line)
+    if layout:
+        print(
+            "\n2-objL: two-object goals drawn as layouts, one region per object "
+            "(passes_per_layout_image in the JSON).",
+            end="",
+        )
     print(
-        "\npasses: transformer rows per image; Δ: points against the reference; +/-: goals "
+        "\npasses: transformer rows per plain image; Δ: points against the reference; +/-: goals "
         "that pass here and fail in the reference / the other way round (same noise)."
     )
 

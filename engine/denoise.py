@@ -263,6 +263,13 @@ class FluxDenoiseLoop:
             timestep=step.timestep, sigma=step.sigma,
         )  # fmt: skip
 
+    def guided_steps(self, steps: int, guidance: float) -> int:
+        """Leading steps that run the unconditional rows (none for a guidance-distilled
+        model, whose guidance embedding replaces classifier-free guidance)."""
+        if self.transformer.config.guidance_embeds:
+            return 0
+        return guided_steps(steps, guidance, self.cfg_truncation)
+
     def reset_cache(self) -> None:
         """Clear the transformer's stateful hooks (caches): a new batch, or new rows."""
         reset = getattr(self.transformer, "_reset_stateful_cache", None)
@@ -277,11 +284,9 @@ class FluxDenoiseLoop:
         holding the final latents."""
         self.reset_cache()
         scheduler, timesteps = self.schedule(steps, batch.latents.shape[1])
-        guided = guided_steps(steps, batch.guidance, self.cfg_truncation)
+        guided = self.guided_steps(steps, batch.guidance)
         if guided and batch.uncond_hidden is None:
             raise ValueError("guidance above 1 needs unconditional text rows")
-        if self.transformer.config.guidance_embeds:
-            guided = 0  # the guidance embedding replaces classifier-free guidance
         sigmas = [float(s) for s in scheduler.sigmas]
         for i, t in enumerate(timesteps):
             if i == guided and i > 0 and not keeps_leading_rows(self.transformer):

@@ -40,7 +40,7 @@ from diffusers import DiffusionPipeline, FluxPipeline, StableDiffusionPipeline
 
 from engine.catalog import ModelSource, resolve_model
 from engine.config import EngineConfig, StepCacheSettings
-from engine.denoise import DenoiseBatch, FluxDenoiseLoop, decode, guided_steps
+from engine.denoise import DenoiseBatch, FluxDenoiseLoop, decode
 from engine.loading import load_pipeline
 from engine.regions import region_weights
 from engine.types import GenerationRequest, GenerationResult
@@ -350,9 +350,7 @@ class Runner:
 
     def _guided_steps(self, request: GenerationRequest) -> int:
         """Steps of ``request`` that run the unconditional rows in the own loop."""
-        if self._loop is None or self.pipe.transformer.config.guidance_embeds:
-            return 0
-        return guided_steps(request.steps, request.guidance, self._loop.cfg_truncation)
+        return 0 if self._loop is None else self._loop.guided_steps(request.steps, request.guidance)
 
     def denoise_batch(self, batch: Sequence[GenerationRequest]) -> DenoiseBatch:
         """The own loop's starting state for requests that share a batch key: their text rows

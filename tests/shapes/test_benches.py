@@ -66,3 +66,18 @@ def test_engine_bench_runs_every_row(capsys: pytest.CaptureFixture[str]) -> None
     for row in rows.values():
         assert row["images_per_s"] > 0 and 0 <= row["accuracy"] <= 1 and 0 <= row["clip_score"] <= 2.5
     assert figures["targets"]["diffusers_best"] in (None, "diffusers first_block 0.1")
+
+
+def test_steps_runs_and_pairs_against_the_reference(capsys: pytest.CaptureFixture[str]) -> None:
+    steps = _load("steps")
+    figures = steps.main(["--goals", "2", "--configs", "2:3:1", "2:1:0.5", "--reference", "2:3:1"])
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == figures
+    ref, other = figures["rows"]
+    assert (ref["config"], other["config"]) == ("2:3:1", "2:1:0.5")
+    assert (ref["passes_per_image"], other["passes_per_image"]) == (4, 3)  # one of 2 steps guided
+    assert ref["delta_1"] == ref["gained_2"] == ref["lost_2"] == 0
+    for k in (1, 2):
+        assert 0.0 <= other[f"acc_{k}"] <= 1.0
+        assert other[f"gained_{k}"] - other[f"lost_{k}"] == round(2 * other[f"delta_{k}"])
+    with pytest.raises(SystemExit):
+        steps.main(["--configs", "0:3:1"])
