@@ -42,7 +42,7 @@ import math  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
-from dataclasses import dataclass, field, fields  # noqa: E402
+from dataclasses import dataclass, field, fields, replace  # noqa: E402
 from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -74,6 +74,10 @@ ALL: dict[str, Any] = {k: v for kwargs in SWITCHES.values() for k, v in kwargs.i
 """Every switch on together."""
 
 ALL_ON: dict[str, Any] = OFF | ALL
+
+STEPS = "steps"
+"""A runner row's own step count (not an EngineConfig field): the ``defaults`` row runs the
+model's default steps when ``--steps`` asks the other rows for more (the steps switch)."""
 
 ACCURACY_SLACK = 0.02
 """'Within 2 points': the accuracy a faster row may lose against vanilla."""
@@ -173,6 +177,8 @@ def runner_rows(model: str, prompts: list[str], spec: dict[str, Any], base: Engi
         for i, p in enumerate(prompts)
     ]  # fmt: skip
     for name, kwargs in configs.items():
+        steps = kwargs.get(STEPS)
+        kwargs = {k: v for k, v in kwargs.items() if k != STEPS}
         config, missing = _config(base, kwargs)
         lacking = [k for k in missing if k not in OFF or kwargs[k] != OFF[k]]  # switches asked on
         if lacking and kwargs is not ALL_ON:
@@ -181,9 +187,10 @@ def runner_rows(model: str, prompts: list[str], spec: dict[str, Any], base: Engi
         if lacking:
             skipped.append(f"{name}: without {', '.join(lacking)} (not in this EngineConfig)")
         runner = Runner(model, config)
+        mine = requests if steps is None else [replace(r, steps=steps) for r in requests]
 
-        def run(n: int, runner: Runner = runner) -> list[np.ndarray]:
-            return _uint8([r.image for r in runner.generate(requests[:n])])
+        def run(n: int, runner: Runner = runner, mine: list[GenerationRequest] = mine) -> list[np.ndarray]:
+            return _uint8([r.image for r in runner.generate(mine[:n])])
 
         rows.append(Row(name, run, runner.denoiser, len(prompts)))
     return rows, skipped
@@ -272,6 +279,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     base = EngineConfig(max_batch=batch)
     configs = {"runner (all off)": OFF, **{f"runner + {k}": OFF | v for k, v in SWITCHES.items() if k not in args.without},
                "runner, all on": ALL_ON}  # fmt: skip
+    default_steps = int(defaults["steps"])
+    if default_steps != spec["steps"]:
+        # everything the engine does by default, at the model's default (fewer) steps
+        configs[f"runner, defaults ({default_steps} steps)"] = {STEPS: default_steps}
     start = time.perf_counter()
     rows = vanilla_rows(folder, prompts, spec, batch, caches)
     ours, skipped = runner_rows(args.model, prompts, spec, base, configs)
@@ -301,6 +312,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     best = max(eligible, key=lambda n: figures[n]["images_per_s"], default=None)
     ours_all = figures.get("runner, all on")
     targets: dict[str, Any] = {"diffusers_best": best}
+    defaults_row = next((n for n in figures if n.startswith("runner, defaults")), None)
+    if defaults_row is not None:
+        d = figures[defaults_row]
+        targets["defaults_row"] = defaults_row
+        targets["defaults_speedup"] = d["speedup"]
+        targets["defaults_accuracy_delta"] = round(d["accuracy"] - base_acc, 4)
+        targets["defaults_met_2x_within_2pts"] = d["speedup"] >= 2.0 and d["accuracy"] >= base_acc - ACCURACY_SLACK - 1e-9
+        if best is not None:
+            ratio = d["images_per_s"] / figures[best]["images_per_s"]
+            targets["defaults_vs_diffusers_best"] = round(ratio, 3)
+            targets["defaults_met_1.25x_best_at_equal_accuracy"] = ratio >= 1.25 and d["accuracy"] >= figures[best]["accuracy"] - 1e-9
     if ours_all is not None:
         targets["all_on_speedup"] = ours_all["speedup"]
         targets["all_on_accuracy_delta"] = round(ours_all["accuracy"] - base_acc, 4)

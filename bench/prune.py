@@ -76,7 +76,7 @@ class GoalRun:
 def requests_for(goal: world.Goal, index: int, n: int, model: str, defaults: dict) -> list[GenerationRequest]:
     """The reviser's first iteration for ``goal``: its layout where it has one."""
     layout = plan_layout(split_parts(goal.text)) or ()
-    regions = tuple(Region(p, x, y) for p, x, y in layout)
+    regions = tuple(Region(*entry) for entry in layout)
     return [
         GenerationRequest(goal.text, seed=derive_seed(index, 0, j), width=world.IMAGE_SIZE,
                           height=world.IMAGE_SIZE, steps=int(defaults["steps"]),

@@ -41,6 +41,7 @@ def goal_request_limits(settings: Settings) -> dict[str, dict[str, Any]]:
         "max_iterations": {"minimum": 1, "maximum": MAX_ITERATIONS},
         "patience": {"minimum": 1, "maximum": MAX_ITERATIONS},
         "target_score": {"exclusiveMinimum": 0, "maximum": 2.5},
+        "init_strength": {"exclusiveMinimum": 0, "maximum": 1},
         "guidance": {"minimum": 0},
         "seed": {"minimum": 0, "maximum": MAX_SEED},
         "steps": {"minimum": 1, "maximum": settings.max_steps},
