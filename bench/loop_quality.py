@@ -77,9 +77,17 @@ def run_loops(store: Store, settings: Settings, residency: Residency, texts: lis
         state = store.get_state(goal_id)
         best = next(c for c in state.candidates if c.id == state.goal.best_candidate_id)
         image = Image.open(settings.resolved_artifacts_dir() / best.artifact_uri).convert("RGB")
-        passes = sum(max(1, len(c.regions)) for c in state.candidates)
+        passes = sum(max(1, len(c.regions)) * _share(c) for c in state.candidates)
         out.append((image, state.goal.generations_reserved, passes))
     return out
+
+
+def _share(c) -> float:  # noqa: ANN001 - a CandidateView
+    """The share of a full generation's denoiser passes a candidate ran: k/T if its prune
+    group cut it after k of T steps, else all of them."""
+    if c.pruned_at_step is None:
+        return 1.0
+    return c.pruned_at_step / int(c.params["steps"])
 
 
 def evaluate(n_goals: int, objects: int, budgets: list[int], settings: Settings,
@@ -125,11 +133,20 @@ def main(argv: list[str] | None = None) -> dict:
              "goes to noise variations of the best candidate (default: the shipped reviser)",
     )
     parser.add_argument("--variation-strength", type=float, default=0.35)
+    parser.add_argument(
+        "--prune-factor", type=int, default=0,
+        help="run (c) with SearchReviser(prune_factor=F): the first iteration previews F times "
+             "its fan-out and finishes the best (docs/engine.md, Pruning); 0: off",
+    )
+    parser.add_argument("--prune-at", type=float, default=0.2, help="share of steps before the cut")
     args = parser.parse_args(argv)
-    if args.variation_share is not None:
+    if args.variation_share is not None or args.prune_factor:
         from agentloop.revisers import REVISERS, SearchReviser
 
-        REVISERS["search"] = SearchReviser(args.variation_share, args.variation_strength)
+        REVISERS["search"] = SearchReviser(
+            args.variation_share or 0.0, args.variation_strength,
+            prune_factor=args.prune_factor, prune_at=args.prune_at,
+        )
     n_goals = 6 if args.quick else args.goals
     budgets = [int(b) for b in args.budgets.split(",")]
     t0 = time.perf_counter()
@@ -165,6 +182,7 @@ def main(argv: list[str] | None = None) -> dict:
     figures = {"bench": "loop_quality", "goals_per_kind": n_goals, "budgets": budgets,
                "variation_share": args.variation_share,
                "variation_strength": args.variation_strength if args.variation_share else None,
+               "prune_factor": args.prune_factor, "prune_at": args.prune_at,
                "model": args.model, "scorer": args.scorer, "seconds": round(elapsed, 1), **results}
     if args.json_out:
         args.json_out.write_text(json.dumps(figures, indent=2))
