@@ -162,7 +162,7 @@ def run_loops(store: Store, settings: Settings, residency: Residency, goals: lis
         state = store.get_state(goal_id)
         best = next(c for c in state.candidates if c.id == state.goal.best_candidate_id)
         image = Image.open(root / best.artifact_uri).convert("RGB")
-        passes = sum(max(1, len(c.regions)) for c in state.candidates)
+        passes = sum(max(1, len(c.regions)) * _share(c) for c in state.candidates)
         any_right = any(
             checker.check(Image.open(root / c.artifact_uri).convert("RGB"), goal.objects).all_ok
             for c in state.candidates
@@ -170,6 +170,14 @@ def run_loops(store: Store, settings: Settings, residency: Residency, goals: lis
         )
         out.append((image, state.goal.generations_reserved, passes, any_right))
     return out
+
+
+def _share(c) -> float:  # noqa: ANN001 - a CandidateView
+    """The share of a full generation's denoiser passes a candidate ran: k/T if its prune
+    group cut it after k of T steps, else all of them."""
+    if c.pruned_at_step is None:
+        return 1.0
+    return c.pruned_at_step / int(c.params["steps"])
 
 
 def evaluate(n_goals: int, kind: str, budgets: list[int], settings: Settings,
@@ -229,7 +237,16 @@ def main(argv: list[str] | None = None) -> dict:
                              "e.g. repair=true; options it does not take are left out")
     parser.add_argument("--no-baselines", action="store_true",
                         help="skip (a) and (b): only the loop, its oracle and selection gap")
+    parser.add_argument(
+        "--prune-factor", type=int, default=0,
+        help="run (c) with SearchReviser(prune_factor=F): the first iteration previews F times "
+             "its fan-out and finishes the best (docs/engine.md, Pruning); 0: off",
+    )
+    parser.add_argument("--prune-at", type=float, default=0.2, help="share of steps before the cut")
     args = parser.parse_args(argv)
+    if args.prune_factor:
+        args.reviser_option = [f"prune_factor={args.prune_factor}", f"prune_at={args.prune_at}",
+                               *args.reviser_option]
     if args.variation_share is not None:
         args.reviser_option = [f"variation_share={args.variation_share}",
                                f"variation_strength={args.variation_strength}",
@@ -273,6 +290,7 @@ def main(argv: list[str] | None = None) -> dict:
                "reviser_options_left_out": ignored,
                "variation_share": args.variation_share,
                "variation_strength": args.variation_strength if args.variation_share else None,
+               "prune_factor": args.prune_factor, "prune_at": args.prune_at,
                "model": args.model, "scorer": args.scorer, "seconds": round(elapsed, 1), **results}
     if args.json_out:
         args.json_out.write_text(json.dumps(figures, indent=2))

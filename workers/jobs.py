@@ -317,7 +317,8 @@ def _request(c: CandidateView, root: Path | None = None) -> GenerationRequest:
         variation_seed=c.variation_seed,
         variation_strength=c.variation_strength,
         regions=tuple(Region(*region) for region in c.regions),
-        prune_group=c.prune_group,
+        # a group is named within its goal's iteration; one batch may hold several goals
+        prune_group=None if c.prune_group is None else f"{c.goal_id}/{c.iteration}/{c.prune_group}",
         prune_keep=int(c.params.get("prune_keep", 0)),
         prune_at_step=int(c.params.get("prune_at_step", 0)),
         init_image=init,

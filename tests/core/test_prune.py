@@ -102,14 +102,21 @@ def test_pruned_candidates_through_the_task_functions(
     store = Store(pg_url)
     ctx = WorkerContext(store=store, dispatcher=RecordingDispatcher(), settings=settings,
                         residency=Residency(), worker_name="w1")  # fmt: skip
-    goal_id = make_goal(store, settings, budget=6, fanout=2, steps=8, max_iterations=1)
-    advance_goal_job(ctx, goal_id)
-    [ids] = ctx.dispatcher.generations
-    assert len(ids) == 6
-    goal = store.get_goal(goal_id)
-    assert goal.generations_reserved == 2 + 1  # 2 finish; 4 more run 2 of 8 steps, 4 * 2/8
-    # a worker handed part of the group claims the rest: the group is cut as one
-    assert sorted(generate_job(ctx, ids[:1])) == sorted(ids)
+    goal_ids = [make_goal(store, settings, budget=6, fanout=2, steps=8, max_iterations=1,
+                          seed=s) for s in (1, 2)]  # fmt: skip
+    for goal_id in goal_ids:
+        advance_goal_job(ctx, goal_id)
+    first, second = ctx.dispatcher.generations
+    assert len(first) == len(second) == 6
+    assert store.get_goal(goal_ids[0]).generations_reserved == 2 + 1  # 4 more run 2/8 steps
+    # a worker handed part of each goal's group claims the rest: each group is cut as one,
+    # and two goals' groups of the same name in one batch are cut apart
+    assert sorted(generate_job(ctx, [first[0], second[0]])) == sorted(first + second)
+    for goal_id in goal_ids:
+        _check_pruned_goal(store, settings, ctx, goal_id)
+
+
+def _check_pruned_goal(store: Store, settings, ctx: WorkerContext, goal_id: str) -> None:  # noqa: ANN001
     advance_goal_job(ctx, goal_id)
     cands = store.list_candidates(goal_id)
     by_status = {s: [c for c in cands if c.status is s] for s in CandidateStatus}

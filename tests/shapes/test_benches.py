@@ -14,6 +14,8 @@ from types import ModuleType
 
 import pytest
 
+from engine.defaults import model_defaults
+
 pytestmark = pytest.mark.slow
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
@@ -95,7 +97,8 @@ def test_prune_runs_resumes_and_agrees_with_the_engine(
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == figures
     assert figures["engine_agrees"] == "2/2"  # the engine's cut picks what the simulation does
     rows = {r["label"]: r for r in figures["rows"]}
-    assert rows["4:k2:keep2"]["cost"] == (4 * 2 + 2 * 18) / (16 * 20)
+    steps = model_defaults("shapes")["steps"]  # the bench runs the model's default steps
+    assert rows["4:k2:keep2"]["cost"] == (4 * 2 + 2 * (steps - 2)) / (16 * steps)
     assert all(0.0 <= r["acc_mean"] <= 1.0 for r in rows.values())
     assert len(record.read_text().splitlines()) == 2  # one line per goal collected
     again = bench.main(argv)  # from the record: nothing generated again, same figures
