@@ -327,10 +327,15 @@ class Cluster:
         messages and handing them to the frozen pool): a message it takes now stays in hand,
         unacknowledged, until the worker is killed. Returns the frozen pids."""
         proc = self.procs.get(name_or_role) or self.current(name_or_role)
-        out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(proc.popen.pid)],
-                             capture_output=True, text=True).stdout
-        pids = [int(pid) for pid in out.split()]
-        assert pids, f"{proc.name} has no pool processes"
+        pids: list[int] = []
+        deadline = time.monotonic() + 60  # a worker started moments ago may not have forked yet
+        while not pids and time.monotonic() < deadline:
+            out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(proc.popen.pid)],
+                                 capture_output=True, text=True).stdout
+            pids = [int(pid) for pid in out.split()]
+            if not pids:
+                time.sleep(0.2)
+        assert pids, f"{proc.name} has no pool processes after 60 s"
         for pid in pids:
             os.kill(pid, signal.SIGSTOP)
         return pids
