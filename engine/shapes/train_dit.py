@@ -38,14 +38,16 @@ from diffusers import AutoencoderKL, FluxPipeline
 from engine.shapes import components, world
 
 DEFAULTS = {
-    "steps": 20,
+    "steps": 8,
     "guidance": 3.0,
     "true_cfg_scale": 3.0,
     "size": 32,
     "max_sequence_length": components.TEXT_LENGTH,
     "notes": "guidance is true classifier-free guidance (true_cfg_scale, negative prompt ''); "
     "the transformer has no guidance embedding, so guidance_scale does nothing. Pass "
-    "height=width=32 and max_sequence_length as given here. Scheduler shift 3.0 (inference only).",
+    "height=width=32 and max_sequence_length as given here. Scheduler shift 3.0 (inference only). "
+    "Steps 8 (was 20): same held-out checker accuracy, measured with bench/steps.py "
+    "(docs/benchmarks.md).",
 }
 """Sampling defaults written to ``agentloop.json``: the best measured setting (docs/models.md).
 ``guidance`` means true classifier-free guidance against the empty prompt."""
@@ -80,7 +82,7 @@ def save_pipeline(pipe: FluxPipeline, out: Path, extra: dict) -> None:
 
 @torch.no_grad()
 def evaluate(
-    pipe: FluxPipeline, n: int = 48, objects: int = 1, steps: int = 20, seed: int = 0
+    pipe: FluxPipeline, n: int = 48, objects: int = 1, steps: int = DEFAULTS["steps"], seed: int = 0
 ) -> dict[str, float]:
     """Checker accuracy of one sample per held-out goal (canonical text) at the shipped
     sampling defaults (true CFG against the empty prompt)."""
