@@ -133,6 +133,9 @@ def run(
             spec = resolve_init(spec, store, settings, image_b64, None)
         except InitImageInvalid as exc:
             _fail(f"--init-image {init_image}: {exc.message}")
+    from agentloop.parse_llm import with_parsed_parts
+
+    spec = with_parsed_parts(spec, settings)
     dispatcher, closer = _dispatcher(store, settings)
     goal_view = store.create_goal(spec)
     dispatcher.advance_goal(goal_view.id)

@@ -217,6 +217,26 @@ class Webhook:
     secret: str = field(repr=False)
 
 
+MAX_PART_SCALE = 2.0
+MIN_PART_SCALE = 0.5
+
+
+class PartRequest(BaseModel):
+    """One part of a goal as the caller reads it: what it is, and where and how large."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    text: Annotated[PromptText, Field(
+        min_length=1, description="the part's words, e.g. 'a red circle on the left': its "
+        "score's key and, without a layout entry of its own, what its region draws")]
+    place: list[FiniteFloat] | None = Field(
+        default=None, min_length=2, max_length=2,
+        description="[x, y] in [0, 1] from the top-left corner; null: let the planner place it")
+    scale: FiniteFloat = Field(
+        default=1.0, description=f"how far its region reaches, in [{MIN_PART_SCALE}, "
+        f"{MAX_PART_SCALE}] (1: an equal share; 'small' reads as 0.85, 'large' as 1.2)")
+
+
 class GoalRequest(BaseModel):
     """What a caller may ask for. Unset fields take the model's or the settings' defaults.
 
@@ -251,6 +271,9 @@ class GoalRequest(BaseModel):
     init_strength: FiniteFloat | None = Field(
         default=None, description="with init_image or init_candidate_id: how much of the "
         f"schedule runs again, in (0, 1]; default {DEFAULT_INIT_STRENGTH}")
+    parts: list[PartRequest] | None = Field(
+        default=None, description="the goal's objects as the caller reads them (2 to 8): "
+        "each is scored on its own, on its region; unset: the server parses the goal text")
 
 
 @dataclass(frozen=True)
@@ -281,16 +304,24 @@ class GoalSpec:
     """With ``init_image``: how much of the schedule each refinement of it runs again."""
     init_candidate_id: str | None = None
     """The earlier candidate whose image ``init_image`` is, if it came from one."""
+    parts: tuple[dict[str, Any], ...] | None = None
+    """The goal's parts (`agentloop.parts.part_to_json`), when the caller gave them or a
+    parser that reads a goal once (the `llm` parser) did; None: the rules parse the text
+    wherever parts are needed."""
 
     def to_json(self) -> dict[str, Any]:
         data = dict(self.__dict__)
-        for optional in ("webhook", "init_image", "init_strength", "init_candidate_id"):
+        for optional in ("webhook", "init_image", "init_strength", "init_candidate_id", "parts"):
             if data[optional] is None:
                 del data[optional]  # the spec of a goal without one reads as it always did
+        if data.get("parts") is not None:
+            data["parts"] = [dict(p) for p in data["parts"]]
         return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> GoalSpec:
+        if data.get("parts") is not None:
+            data = {**data, "parts": tuple(dict(p) for p in data["parts"])}
         return cls(**data)
 
 
@@ -376,6 +407,7 @@ def check_goal(data: dict[str, Any] | GoalRequest, settings: Settings) -> GoalSp
             errors.append(("init_strength", "needs init_image or init_candidate_id"))
         elif not 0 < req.init_strength <= 1:
             errors.append(("init_strength", "must be in (0, 1]"))
+    parts = _check_parts(req.parts, errors)
     if errors:
         raise GoalInvalid(errors)
     guidance = req.guidance if req.guidance is not None else float(defaults.get("guidance", 1.0))
@@ -387,7 +419,39 @@ def check_goal(data: dict[str, Any] | GoalRequest, settings: Settings) -> GoalSp
         webhook=webhook,
         init_strength=(req.init_strength if req.init_strength is not None else DEFAULT_INIT_STRENGTH)
         if req.init_image is not None or req.init_candidate_id is not None else None,
+        parts=parts,
     )
+
+
+def _check_parts(
+    parts: list[PartRequest] | None, errors: list[tuple[str, str]]
+) -> tuple[dict[str, Any], ...] | None:
+    """The caller's parts as stored (`agentloop.parts.part_to_json`); problems to `errors`."""
+    from agentloop.parts import MAX_PARTS, part_from_json, part_to_json
+
+    if parts is None:
+        return None
+    if not 2 <= len(parts) <= MAX_PARTS:
+        errors.append(("parts", f"must list 2 to {MAX_PARTS} parts (a goal of one object "
+                       "needs none)"))
+        return None
+    seen: set[str] = set()
+    out = []
+    for k, part in enumerate(parts):
+        text = re.sub(r"\s+", " ", part.text).strip()
+        if not text:
+            errors.append((f"parts.{k}.text", "must not be empty"))
+        elif text.lower() in seen:
+            errors.append((f"parts.{k}.text", f"repeats part {text!r}: each part's text must "
+                           "be distinct (it keys the part's score)"))
+        seen.add(text.lower())
+        if part.place is not None and not all(0 <= v <= 1 for v in part.place):
+            errors.append((f"parts.{k}.place", "x and y must be in [0, 1]"))
+        if not MIN_PART_SCALE <= part.scale <= MAX_PART_SCALE:
+            errors.append((f"parts.{k}.scale", f"must be in [{MIN_PART_SCALE}, {MAX_PART_SCALE}]"))
+        data: dict[str, Any] = {"text": text, "place": part.place, "scale": part.scale}
+        out.append(part_to_json(part_from_json(data)) if text else data)
+    return tuple(out)
 
 
 def _check_webhook(

@@ -145,6 +145,10 @@ def build_server(client: AsyncClient) -> MCPServer:
         init_strength: Annotated[float | None, Field(
             description="with init_candidate_id: how much to change it, in (0, 1] "
             "(default 0.6)")] = None,
+        parts: Annotated[list[dict[str, Any]] | None, Field(
+            description="the goal's objects as you read them, 2 to 8, each {text, place: "
+            "[x, y] in 0..1 from the top-left or null, scale: 1}: each is scored on its own "
+            "region; omit to let the server parse the goal")] = None,
     ) -> dict[str, Any]:
         """Start a generation loop for a goal; returns at once with the goal's id and status.
 
@@ -158,7 +162,7 @@ def build_server(client: AsyncClient) -> MCPServer:
             "target_score": target_score, "reviser": reviser, "model": model,
             "scorer": scorer, "steps": steps, "size": size, "seed": seed,
             "negative_prompt": negative_prompt, "init_candidate_id": init_candidate_id,
-            "init_strength": init_strength,
+            "init_strength": init_strength, "parts": parts,
         }
         options = {k: v for k, v in options.items() if v is not None}
         return _goal(await _call(lambda: client.create_goal(goal, **options), url))

@@ -28,7 +28,7 @@ from agentloop.domain import (
     prune_problems,
 )
 from agentloop.llm import LlmConfig
-from agentloop.parts import goal_parts
+from agentloop.parts import parts_of
 from agentloop.revisers import Proposal, Reviser, ReviserContext, get_reviser, objective
 from agentloop.settings import Settings
 from agentloop.store import IdempotencyClaim, Store, utcnow
@@ -97,7 +97,7 @@ def step(
     if goal.status.terminal:
         return d
     taken_back = {r.candidate_id: r for r in d.reclaim}
-    structured = goal_parts(spec.goal, policy.goal_parser)
+    structured = parts_of(spec.goal, spec.parts, policy.goal_parser)
     parts = tuple(p.text for p in structured)
     open_it = next((it for it in state.iterations if it.status is IterationStatus.OPEN), None)
     if open_it is not None:

@@ -323,6 +323,35 @@ def goal_parts(text: str, parser: str = "rules") -> tuple[Part, ...]:
     return parts if len(parts) > 1 else ()
 
 
+def parts_of(
+    goal: str, stored: tuple[dict, ...] | None = None, parser: str = "rules"
+) -> tuple[Part, ...]:
+    """A goal's parts: those stored with it (given by the caller, or parsed once when it was
+    created, see `agentloop.parse_llm`), else ``parser``'s parse of its text. A parser that
+    reads goals only at creation ("llm") falls back to the rules here: its goals carry their
+    parts, and one whose parse failed was left to the rules."""
+    if stored is not None:
+        return tuple(part_from_json(d) for d in stored)
+    return goal_parts(goal, parser if parser in PARSERS else "rules")
+
+
+def part_to_json(part: Part) -> dict:
+    """A part as stored in a goal's spec: text, subject, place ([x, y] or null), scale."""
+    return {"text": part.text, "subject": part.subject,
+            "place": list(part.place) if part.place is not None else None,
+            "scale": part.scale, "stated_place": part.stated_place}
+
+
+def part_from_json(data: dict) -> Part:
+    """The part a `part_to_json` dict (or a caller's part) describes; a missing subject is
+    the text without its place phrase."""
+    text = str(data["text"])
+    place = data.get("place")
+    subject = data.get("subject") or _tidy(PLACE_PHRASE.sub("", text)) or text
+    return Part(text, str(subject), (float(place[0]), float(place[1])) if place else None,
+                float(data.get("scale", 1.0)), bool(data.get("stated_place", place is not None)))
+
+
 def part_texts(text: str, parser: str = "rules") -> tuple[str, ...]:
     """The texts of a goal's parts: the keys of its part scores."""
     return tuple(p.text for p in goal_parts(text, parser))

@@ -36,7 +36,10 @@ class Settings(BaseSettings):
 
     goal_parser: str = "rules"
     """How goals are read into parts and places (`agentloop.parts`): a registered parser's
-    name. "rules" (the default) reads joining words, numbers and place phrases."""
+    name. "rules" (the default) reads joining words, numbers and place phrases; "llm" asks the
+    `llm_*` endpoint once per goal, when it is created, and stores its parts with the goal
+    (`agentloop.parse_llm`; the rules when it gives no valid answer). A goal that lists its
+    own `parts` is read by no parser."""
 
     extra_models: list[str] = Field(default_factory=list)
     """Hub ids or paths an operator makes available besides the presets (JSON list in the env)."""
@@ -213,6 +216,11 @@ class Settings(BaseSettings):
             raise ValueError("llm_timeout_seconds, llm_max_attempts and llm_max_tokens must be positive")
         if self.llm_backoff_seconds < 0 or self.llm_max_wait_seconds < 0:
             raise ValueError("llm_backoff_seconds and llm_max_wait_seconds must be >= 0")
+        if self.goal_parser == "llm" and not self.llm_base_url:
+            raise ValueError(
+                "goal_parser 'llm' reads goals with the language model endpoint: set "
+                "AGENTLOOP_LLM_BASE_URL and AGENTLOOP_LLM_MODEL, or use goal_parser 'rules'"
+            )
         return self
 
     @model_validator(mode="after")

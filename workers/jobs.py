@@ -16,7 +16,7 @@ from agentloop.dispatch import Dispatcher, dispatch_generation, queue_depth
 from agentloop.domain import CandidateStatus, CandidateView
 from agentloop.images import load_artifact
 from agentloop.orchestrator import Policy, advance
-from agentloop.parts import goal_parts, part_regions
+from agentloop.parts import part_regions, parts_of
 from agentloop.revisers.base import objective_of
 from agentloop.settings import Settings
 from agentloop.store import Outcome, Store
@@ -210,7 +210,7 @@ def _generate_and_record(ctx: WorkerContext, token: str, claimed: list[Candidate
             group, requests = _refuse_invalid(ctx, token, runner, claimed_group, root)
             if not group:
                 continue
-            score_requests = [_score_request(texts[c.goal_id], c, ctx.settings.goal_parser)
+            score_requests = [_score_request(*texts[c.goal_id], c, ctx.settings.goal_parser)
                               for c in group]
             judge = residency.scorer(scorer)
             t0 = time.perf_counter()
@@ -327,10 +327,13 @@ def _request(c: CandidateView, root: Path | None = None) -> GenerationRequest:
     )
 
 
-def _score_request(goal: str, c: CandidateView, parser: str) -> ScoreRequest:
-    """What a candidate is judged on: the goal, and each of its parts on the region where it
-    should be (the candidate's layout, else the places the goal gives; `part_regions`)."""
-    parts = goal_parts(goal, parser)
+def _score_request(
+    goal: str, stored: tuple[dict, ...] | None, c: CandidateView, parser: str
+) -> ScoreRequest:
+    """What a candidate is judged on: the goal, and each of its parts (stored with the goal,
+    else parsed from it) on the region where it should be (the candidate's layout, else the
+    places the goal gives; `part_regions`)."""
+    parts = parts_of(goal, stored, parser)
     regions = tuple(None if r is None else Region(*r) for r in part_regions(parts, c.regions))
     return ScoreRequest(goal, tuple(p.text for p in parts), regions)
 

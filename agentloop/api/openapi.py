@@ -15,11 +15,14 @@ from fastapi.openapi.utils import get_openapi
 from agentloop.domain import (
     GOAL_PATTERN,
     MAX_ITERATIONS,
+    MAX_PART_SCALE,
     MAX_SEED,
+    MIN_PART_SCALE,
     WEBHOOK_SECRET_PATTERN,
     WEBHOOK_URL_PATTERN,
     available_revisers,
 )
+from agentloop.parts import MAX_PARTS
 from agentloop.settings import Settings
 
 
@@ -42,6 +45,7 @@ def goal_request_limits(settings: Settings) -> dict[str, dict[str, Any]]:
         "patience": {"minimum": 1, "maximum": MAX_ITERATIONS},
         "target_score": {"exclusiveMinimum": 0, "maximum": 2.5},
         "init_strength": {"exclusiveMinimum": 0, "maximum": 1},
+        "parts": {"minItems": 2, "maxItems": MAX_PARTS},
         "guidance": {"minimum": 0},
         "seed": {"minimum": 0, "maximum": MAX_SEED},
         "steps": {"minimum": 1, "maximum": settings.max_steps},
@@ -79,5 +83,9 @@ def openapi_with_limits(app: FastAPI, settings: Settings) -> dict[str, Any]:
         for name, rules in goal_request_limits(settings).items():
             _constrain(props[name], **rules)
         _webhook_limits(schema["components"]["schemas"]["WebhookRequest"], settings)
+        part = schema["components"]["schemas"]["PartRequest"]["properties"]
+        _constrain(part["text"], pattern=GOAL_PATTERN)
+        _constrain(part["place"], items={"type": "number", "minimum": 0, "maximum": 1})
+        _constrain(part["scale"], minimum=MIN_PART_SCALE, maximum=MAX_PART_SCALE)
         app.openapi_schema = schema
     return app.openapi_schema

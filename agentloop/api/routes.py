@@ -59,6 +59,7 @@ from agentloop.orchestrator import (
     fail_goal,
     submit_iteration,
 )
+from agentloop.parse_llm import with_parsed_parts
 from agentloop.revisers import derive_seed
 from agentloop.store import IdempotencyClaim
 
@@ -131,7 +132,7 @@ def create_goal(
         ) from None
 
     def work(claim: IdempotencyClaim | None) -> tuple[int, Any]:
-        spec = _with_init_image(checked, body, store, settings)
+        spec = with_parsed_parts(_with_init_image(checked, body, store, settings), settings)
         goal = store.create_goal(spec, claim, webhook_of(spec, body, settings))
         try:
             dispatcher.advance_goal(goal.id)

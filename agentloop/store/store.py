@@ -205,11 +205,16 @@ class Store:
             row = s.get(GoalRow, goal_id)
             return _goal_view(row) if row else None
 
-    def goal_texts(self, goal_ids: Sequence[str]) -> dict[str, str]:
-        """Each existing goal's text, in one query (what its candidates are scored against)."""
+    def goal_texts(
+        self, goal_ids: Sequence[str]
+    ) -> dict[str, tuple[str, tuple[dict[str, Any], ...] | None]]:
+        """Each existing goal's text and stored parts (None: parse the text), in one query:
+        what its candidates are scored against."""
         with self._tx() as s:
-            rows = s.execute(select(GoalRow.id, GoalRow.text).where(GoalRow.id.in_(list(goal_ids))))
-            return {gid: text for gid, text in rows}
+            rows = s.execute(
+                select(GoalRow.id, GoalRow.text, GoalRow.spec).where(GoalRow.id.in_(list(goal_ids)))
+            )
+            return {gid: (text, _stored_parts(spec)) for gid, text, spec in rows}
 
     def list_goals(self, limit: int = 50, tenant: str | None = None) -> list[GoalView]:
         stmt = select(GoalRow).order_by(GoalRow.created_at.desc()).limit(limit)
@@ -1156,3 +1161,9 @@ def _candidate_view(r: CandidateRow) -> CandidateView:
 def _event_view(r: EventRow) -> EventView:
     return EventView(id=r.id, goal_id=r.goal_id, type=r.type, data=r.data or {},
                      created_at=r.created_at)
+
+
+def _stored_parts(spec: dict[str, Any] | None) -> tuple[dict[str, Any], ...] | None:
+    """The parts a goal's spec JSON stores, if any."""
+    parts = (spec or {}).get("parts")
+    return tuple(parts) if parts is not None else None
