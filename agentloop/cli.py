@@ -13,7 +13,7 @@ from rich.console import Console
 
 # Light: pydantic only. The server side (settings, store, engine) is imported inside the
 # commands that need it, so the client install (`pip install agentloop`) runs the rest.
-from agentloop.cli_client import call_server, goals_app, run_remote
+from agentloop.cli_client import call_server, goals_app, part_line, run_remote
 from agentloop.domain import GoalInvalid, GoalRequest, GoalStatus, check_goal
 
 if TYPE_CHECKING:
@@ -157,6 +157,8 @@ def run(
     else:
         err.print(f"best score {data['best_score']} ({data['score_scale']})", highlight=False)
         err.print(f"best prompt: {data['best_prompt']}", highlight=False)
+        if data["best_part_scores"]:
+            err.print(f"its parts: {part_line(data['best_part_scores'])}", highlight=False)
         err.print(f"gallery: {folder / 'index.html'}", highlight=False)
     if state.goal.status is not GoalStatus.DONE:
         raise typer.Exit(1)

@@ -41,6 +41,12 @@ def _fail(message: str, code: int = 1) -> None:
     raise typer.Exit(code)
 
 
+def part_line(part_scores: dict[str, float]) -> str:
+    """Each part's score, weakest first: where a goal of several objects falls short."""
+    ranked = sorted(part_scores.items(), key=lambda kv: kv[1])
+    return " · ".join(f"{part} {score:.3f}" for part, score in ranked)
+
+
 def _score(value: float | None) -> str:
     return "–" if value is None else f"{value:.3f}"
 
@@ -179,6 +185,8 @@ def _summary(goal: Goal) -> None:
     if goal.best_candidate is not None:
         err.print(f"best CLIPScore {_score(goal.best_score)} (0 to 2.5): "
                   f"{goal.best_candidate.prompt}", highlight=False)
+        if goal.best_candidate.part_scores:
+            err.print(f"its parts: {part_line(goal.best_candidate.part_scores)}", highlight=False)
         err.print(f"image: {goal.best_candidate.artifact_url}", highlight=False)
     if goal.error:
         err.print(f"error: {goal.error}", highlight=False)

@@ -28,6 +28,7 @@ def summary(state: GoalState, out: Path | None = None) -> dict[str, Any]:
         "best_score": goal.best_score,
         "score_scale": SCORE_SCALE,
         "best_prompt": best.prompt if best else None,
+        "best_part_scores": dict(best.part_scores) if best else None,
         "best_seed": best.seed if best else None,
         "best_image": str(out / _image_name(best.iteration, best.ordinal)) if best and out else None,
         "iteration_best_scores": per_iteration,

@@ -49,6 +49,9 @@ def test_run_writes_gallery_and_json(env: Path) -> None:
     assert len(images) == 6 and all((out / i).is_file() for i in images)
     for c in summary["candidates"]:
         assert set(c["part_scores"]) == {"a red circle on the left", "a blue square"}
+    # the best candidate's part scores are in the summary with its score
+    assert data["best_part_scores"] in [c["part_scores"] for c in summary["candidates"]
+                                        if c["clip_score"] == data["best_score"]]
     page = (out / "index.html").read_text()
     assert page.count("<img") == 6 and "a red circle on the left" in page
 
