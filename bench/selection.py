@@ -236,14 +236,51 @@ def why_wrong(image: Image.Image, objects: list[dict[str, str]]) -> str:
     return "+".join((["count"] if not result.count_ok else []) + failed) or "right"
 
 
+def part_auroc(pairs: list[tuple[np.ndarray, np.ndarray]]) -> float | None:
+    """Within-goal AUROC of a part signal: over every goal and part, the chance that an image
+    whose object for that part is right (by the checker) scores above one whose object is
+    wrong (ties count half). 0.5 is chance; selection needs it near 1. None without such pairs."""
+    hits = total = 0.0
+    for values, ok in pairs:
+        pos, neg = values[ok], values[~ok]
+        hits += (pos[:, None] > neg[None, :]).sum() + 0.5 * (pos[:, None] == neg[None, :]).sum()
+        total += len(pos) * len(neg)
+    return round(float(hits / total), 3) if total else None
+
+
+def shape_margins(image: Image.Image, objects: list[dict[str, str]]) -> list[tuple[bool, float]]:
+    """How sure the judge itself is of each requested shape: (right, soft IoU of the requested
+    shape's template minus the best other template's) per requested object found alone at its
+    position. Near 0: the checker's call is a close one."""
+    out = []
+    for req in objects:
+        found = [d for d in checker.detect(image) if d.position == req["position"]]
+        if len(found) != 1 or not found[0].shape_scores:
+            continue
+        scores = found[0].shape_scores
+        best_other = max(v for k, v in scores.items() if k != req["shape"])
+        out.append((found[0].shape == req["shape"], scores.get(req["shape"], 0.0) - best_other))
+    return out
+
+
 def rank(scorer: Scorer, records: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     """Per number of objects: the share of goals whose top-ranked image is right, per
     objective, plus the oracle, one sample's rate, and what is wrong (by the checker) in the
     wrong images and in the shipped objective's wrong picks of goals that had a right one."""
     by_kind: dict[int, dict[str, list[float]]] = {}
     reasons: dict[int, dict[str, dict[str, int]]] = {}
+    signals: dict[int, dict[str, list]] = {}
+    margins: dict[int, list[tuple[bool, float]]] = {}
     for rec in records:
-        values = objectives(features(scorer, rec))
+        f = features(scorer, rec)
+        values = objectives(f)
+        ok_parts = np.array(rec["objects_ok"], dtype=bool)
+        sig = signals.setdefault(rec["objects_n"], {"own": [], "margin": []})
+        for k in range(ok_parts.shape[1]):
+            sig["own"].append((f["own"][:, k], ok_parts[:, k]))
+            sig["margin"].append((f["own"][:, k] - f["neg"][k].max(1), ok_parts[:, k]))
+        margins.setdefault(rec["objects_n"], []).extend(
+            m for image in rec["images"] for m in shape_margins(image, rec["objects"]))
         row = by_kind.setdefault(rec["objects_n"], {n: [] for n in (*OBJECTIVES, "oracle", "one")})
         why = reasons.setdefault(rec["objects_n"], {"all_wrong": {}, "picked_wrong": {}})
         ok = rec["right"]
@@ -260,9 +297,19 @@ def rank(scorer: Scorer, records: list[dict[str, Any]]) -> dict[int, dict[str, A
                 why["all_wrong"][r] = why["all_wrong"].get(r, 0) + 1
         row["oracle"].append(float(any(ok)))
         row["one"].append(sum(ok) / len(ok))
-    return {k: {n: float(np.mean(v)) for n, v in row.items()}
-            | {"goals": len(row["oracle"]), "why": reasons[k]}
-            for k, row in sorted(by_kind.items())}
+    out = {}
+    for k, row in sorted(by_kind.items()):
+        right = np.array([m for ok, m in margins[k] if ok])
+        wrong = np.array([m for ok, m in margins[k] if not ok])
+        out[k] = {n: float(np.mean(v)) for n, v in row.items()} | {
+            "goals": len(row["oracle"]), "why": reasons[k],
+            "part_auroc": {n: part_auroc(p) for n, p in signals[k].items()},
+            "judge_close_calls": {
+                "right_shapes_within_0.05": round(float((right < 0.05).mean()), 3) if len(right) else None,
+                "wrong_shapes_within_0.05": round(float((wrong > -0.05).mean()), 3) if len(wrong) else None,
+            },
+        }
+    return out
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -278,6 +325,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--steps", type=int, default=None, help="default: the model's")
     parser.add_argument("--guidance", type=float, default=None, help="default: the model's")
     parser.add_argument("--scorer", default="shapes-clip")
+    parser.add_argument("--weights", metavar="PATH",
+                        help="load the scorer's weights from this safetensors file (e.g. a "
+                             "fine-tune; replay a record to compare weights on the same images)")
     parser.add_argument("--record", help="JSON lines file: append each generated goal")
     parser.add_argument("--replay", action="append",
                         help="JSON lines file: rank its goals, generate nothing (repeatable: pooled)")
@@ -296,6 +346,9 @@ def main(argv: list[str] | None = None) -> dict:
     records = collect(args)
     t_gen = time.perf_counter() - t0
     scorer = Scorer(args.scorer)
+    if args.weights:
+        from safetensors.torch import load_file
+        scorer.model.load_state_dict(load_file(args.weights))
     result = rank(scorer, records)
     elapsed = time.perf_counter() - t0
     source = f"replayed from {', '.join(args.replay)}" if args.replay else f"model {args.model}, {args.steps} steps"
@@ -309,6 +362,12 @@ def main(argv: list[str] | None = None) -> dict:
         for name in OBJECTIVES:
             print(f"{name:<15} {r[name]:>12.3f} {r['oracle']:>7.3f} "
                   f"{100 * (r['oracle'] - r[name]):>13.1f}" + ("  (the loop's)" if name == SHIPPED else ""))
+        print(f"part AUROC (within goal, right vs wrong object by the checker): own text on its "
+              f"region {r['part_auroc']['own']}, contrast margin {r['part_auroc']['margin']}")
+        close = r["judge_close_calls"]
+        print(f"the checker's own close calls (soft IoU of the asked shape within 0.05 of another): "
+              f"{close['right_shapes_within_0.05']} of right shapes, "
+              f"{close['wrong_shapes_within_0.05']} of wrong ones")
         for label, counts in (("wrong images", r["why"]["all_wrong"]),
                               (f"{SHIPPED}'s wrong picks (goals with a right image)",
                                r["why"]["picked_wrong"])):
@@ -317,13 +376,14 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"what the checker finds wrong in {label}: "
                   + ", ".join(f"{k} {v / total:.0%}" for k, v in top))
     figures = {
-        "bench": "selection", "scorer": args.scorer, "model": args.model, "steps": args.steps,
+        "bench": "selection", "scorer": args.scorer, "weights": args.weights, "model": args.model, "steps": args.steps,
         "goal_seed": None if args.replay else args.goal_seed, "replay": args.replay,
         "kinds": {str(k): {"goals": r["goals"], "one_sample_right": round(r["one"], 4),
                            "oracle": round(r["oracle"], 4),
                            "chosen": {n: round(r[n], 4) for n in OBJECTIVES},
                            "gap_points": {n: round(100 * (r["oracle"] - r[n]), 1) for n in OBJECTIVES},
-                           "why": r["why"]}
+                           "why": r["why"], "part_auroc": r["part_auroc"],
+                           "judge_close_calls": r["judge_close_calls"]}
                   for k, r in result.items()},
         "generate_s": round(t_gen, 1), "seconds": round(elapsed, 1),
     }
