@@ -378,3 +378,86 @@ def part_regions(
         (p.text, p.place[0], p.place[1], p.scale) if p.place is not None else None for p in parts
     )
     return placed if any(r is not None for r in placed) else ()
+
+
+_FUNCTION_WORDS = frozenset(
+    {*(d for d in DETERMINERS if " " not in d), *_PREPOSITIONS, "and", "or", "that", "is", "are",
+     "which", "who", "very"}
+)
+
+
+def _head_phrase(subject: str) -> tuple[list[str], int] | None:
+    """The words of a subject's head noun phrase and the index of its noun: the words before
+    the first comma or preposition, the noun last ("a small red circle, colored" → noun
+    "circle", modifiers "small", "red"). None when no content word is left."""
+    head = re.split(r",", subject, maxsplit=1)[0]
+    words = head.split()
+    cut = next((i for i, w in enumerate(words) if i and w.lower() in _PREPOSITIONS), len(words))
+    words = words[:cut]
+    content = [i for i, w in enumerate(words) if w.lower() not in _FUNCTION_WORDS]
+    if not content:
+        return None
+    return words, content[-1]
+
+
+def _modifiers(words: list[str], noun: int) -> list[int]:
+    """Indices of the content words before the noun, nearest the noun first."""
+    return [i for i in range(noun - 1, -1, -1) if words[i].lower() not in _FUNCTION_WORDS]
+
+
+def contrast_subjects(subject: str, others: list[str]) -> list[str]:
+    """Hard negatives for one part, made of the goal's own words: the part's subject with the
+    attributes of the goal's other parts bound wrongly. For each other part: its noun with
+    this part's modifiers ("a small red ring" for "a small red circle" beside "a large blue
+    ring"), this part's noun with each of the other's modifiers in turn, aligned from the noun
+    ("a small blue circle", "a large red circle"), this noun with all of the other's modifiers
+    ("a large blue circle"), and the other part's own subject. No vocabulary: any words in the
+    usual adjective-noun order work; a subject without a noun phrase gets none."""
+    mine = _head_phrase(subject)
+    if mine is None:
+        return []
+    words, noun = mine
+    rest = subject[len(re.split(r",", subject, maxsplit=1)[0]):]
+    tail = " ".join(subject.split(",", 1)[0].split()[len(words):])
+    suffix = (f" {tail}" if tail else "") + rest
+
+    def text(ws: list[str]) -> str:
+        return _tidy(" ".join(ws) + suffix)
+
+    out: list[str] = []
+    mods = _modifiers(words, noun)
+    for other in others:
+        theirs = _head_phrase(other)
+        if theirs is None:
+            continue
+        t_words, t_noun = theirs
+        t_mods = _modifiers(t_words, t_noun)
+        if t_words[t_noun].lower() != words[noun].lower():
+            out.append(text([*words[:noun], t_words[t_noun], *words[noun + 1:]]))
+        swapped = list(words)
+        for i, j in zip(mods, t_mods, strict=False):
+            if words[i].lower() != t_words[j].lower():
+                one = list(words)
+                one[i] = t_words[j]
+                out.append(text(one))
+                swapped[i] = t_words[j]
+        out.append(text(swapped))
+        out.append(_tidy(other))
+    own = _tidy(subject).lower()
+    seen: set[str] = set()
+    return [t for t in out if t.lower() != own and not (t.lower() in seen or seen.add(t.lower()))]
+
+
+def part_contrasts(parts: tuple[Part, ...], judged: tuple[str, ...]) -> tuple[tuple[str, ...], ...]:
+    """For each part, the texts its view is checked against besides its own ``judged`` text
+    (the region prompt its score is taken on): `contrast_subjects` put in place of the part's
+    subject in that text, so place words stay the same and only the binding differs."""
+    out = []
+    for k, (part, text) in enumerate(zip(parts, judged, strict=True)):
+        others = [p.subject for i, p in enumerate(parts) if i != k]
+        negatives = contrast_subjects(part.subject, others)
+        if part.subject in text:
+            out.append(tuple(text.replace(part.subject, n, 1) for n in negatives))
+        else:
+            out.append(tuple(negatives))
+    return tuple(out)

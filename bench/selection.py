@@ -1,25 +1,49 @@
 """How well does the verifier pick? The selection gap on layout samples of held-out goals.
 
 For each held-out goal of two (or three) objects, N samples drawn from its planned layout
-(`agentloop.layout.plan_layout` over the rule parser's parts). The exact checker says which
-images are right. Each scorer then ranks the N images by several objectives, and the bench
-reports how often the top-ranked image is right ("chosen") against how often any of the N is
-("oracle"): the selection gap = oracle - chosen, in points. Objectives:
+(`agentloop.layout.plan_layout` over the rule parser's parts), at the model's default steps.
+The exact checker says which images are right. The scorer then ranks the N images by several
+objectives, and the bench reports how often the top-ranked image is right ("chosen") against
+how often any of the N is ("oracle"): the selection gap = oracle - chosen, in points.
 
-  whole          the whole-goal CLIPScore alone
-  parts-whole    0.5 * (whole + weakest part), parts judged on the whole image (the loop's
-                 objective before parts were judged on their regions)
-  parts-region   0.5 * (whole + weakest part), each part judged on its region (the loop's
-                 objective now: what workers store as part_scores)
-  region-min     the weakest part judged on its region, alone
+Images are generated once: ``--record FILE`` appends each goal's images and verdicts to a JSON
+lines file as they are made (a run that stops keeps what it made, and a rerun with the same
+file only generates the goals it lacks); ``--replay FILE`` ranks a recorded run without
+generating anything. Every objective is evaluated on the same images.
 
-Scorers: the shipped `shapes-clip`, or other weights of the same architecture given with
---weights label=path (e.g. the weights before a fine-tune). Prints a table; the last line is
-one JSON object.
+Objectives (per image; a part's view is its region view, `engine.scorer.region_views`, judged
+on the region's prompt; cosines, higher is better):
 
-    python bench/selection.py                      # 20 goals, 16 samples each
+  whole           cos(image, goal)
+  parts-region    0.5 * (whole + weakest part's cos on its region): the loop's objective
+                  before the contrastive check
+  region-min      the weakest part's cos on its region, alone
+  parts-mean      0.5 * (whole + the parts' mean cos on their regions)
+  parts-mix       0.5 * whole + 0.25 * (weakest part + the parts' mean)
+  margin-min      the weakest part's contrast margin: cos(view, own text) minus the best
+                  cos(view, negative), negatives built from the goal's own words
+                  (`agentloop.parts.part_contrasts`: attributes bound to the wrong part)
+  prob-min        the weakest part's softmax probability of its own text among its negatives
+                  (at the scorer's logit scale)
+  logprob-sum     the sum over parts of those log probabilities
+  presence-min    the weakest part's cos(view, own) - cos(blank view, own): how much the
+                  region's content adds over an empty canvas
+  contrast-min    the weakest part's cos(view, own) - max(best negative, blank view)
+  whole+margin    whole + margin-min
+  parts+margin    parts-region + margin-min
+  verified        0.5 * (whole + weakest verified part), a verified part being
+                  cos(view, own) - max(0, best negative - cos(view, own)): a part score
+                  docked by how far a negative beats it
+  verified-blank  the same with the blank view counted among the negatives
+  goal-contrast   whole - the best cos(image, goal with one part's subject swapped for a
+                  negative)
+
+    python bench/selection.py                      # 20 goals of 2 objects, 16 samples each
+    python bench/selection.py --objects 2,3 --goals 40 --record /tmp/sel.jsonl
+    python bench/selection.py --replay /tmp/sel.jsonl [--replay /tmp/other.jsonl]
     python bench/selection.py --quick              # 4 goals, 8 samples (a smoke run)
-    python bench/selection.py --weights base=runs/shapes-clip-base/open_clip_model.safetensors
+
+Prints a table per kind; the last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -33,121 +57,334 @@ if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
     sys.path.pop(0)
 
 import argparse
+import base64
+import io
 import json
 import time
 from dataclasses import replace
+from typing import Any
 
-from safetensors.torch import load_file
+import numpy as np
+import torch
+from PIL import Image
 
 from agentloop.layout import plan_layout
-from agentloop.parts import goal_parts, part_regions
-from engine.config import EngineConfig
-from engine.runner import Runner
-from engine.scorer import Scorer
+from agentloop.parts import contrast_subjects, goal_parts, part_contrasts, part_regions
+from engine.defaults import model_defaults
+from engine.scorer import Scorer, background_of, region_views
 from engine.shapes import checker, world
-from engine.types import GenerationRequest, Region, ScoreRequest
+from engine.types import GenerationRequest, Region
 
-OBJECTIVES = ("whole", "parts-whole", "parts-region", "region-min")
+OBJECTIVES = (
+    "whole", "parts-region", "region-min", "parts-mean", "parts-mix", "margin-min", "prob-min", "logprob-sum",
+    "presence-min", "contrast-min", "whole+margin", "parts+margin", "verified",
+    "verified-blank", "goal-contrast",
+)
 
 
-def _objectives(whole: float, parts_whole: dict[str, float], parts_region: dict[str, float]
-                ) -> dict[str, float]:
+def _png(image: Image.Image) -> str:
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def _unpng(text: str) -> Image.Image:
+    return Image.open(io.BytesIO(base64.b64decode(text))).convert("RGB")
+
+
+def _goal_key(objects: int, seed: int, index: int) -> str:
+    return f"{objects}/{seed}/{index}"
+
+
+def collect(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Every goal's record: its text, objects, layout, images and the checker's verdicts,
+    read from ``args.replay`` / ``args.record`` where there, generated (and recorded) where not."""
+    paths = args.replay or ([args.record] if args.record else [])
+    have: dict[str, dict[str, Any]] = {}
+    for path in paths:
+        if not Path(path).is_file():
+            continue
+        for line in Path(path).read_text().splitlines():
+            if line.strip():
+                rec = json.loads(line)
+                have[rec["key"]] = rec
+    if args.replay:
+        return [_decode(r) for r in have.values() if r["objects_n"] in args.objects]
+    runner = None
+    out = []
+    for n_obj in args.objects:
+        goals = world.heldout_goals(args.goals, objects=n_obj, seed=args.goal_seed)
+        for gi, goal in enumerate(goals):
+            key = _goal_key(n_obj, args.goal_seed, gi)
+            rec = have.get(key)
+            if rec is None or len(rec["images"]) < args.samples:
+                if runner is None:
+                    from engine.config import EngineConfig
+                    from engine.runner import Runner
+                    runner = Runner(args.model, EngineConfig(max_batch=32))
+                rec = _generate(runner, args, key, n_obj, gi, goal)
+                if args.record:
+                    with open(args.record, "a") as fh:
+                        fh.write(json.dumps(rec) + "\n")
+            out.append(_decode(rec, args.samples))
+    return out
+
+
+def _generate(runner: Any, args: argparse.Namespace, key: str, n_obj: int, gi: int,
+              goal: world.Goal) -> dict[str, Any]:
+    parts = goal_parts(goal.text)
+    plan = plan_layout(parts)
+    assert plan is not None, goal.text
+    regions = tuple(Region(*r) for r in plan)
+    base = GenerationRequest(goal.text, seed=0, width=32, height=32, steps=args.steps,
+                             guidance=args.guidance, model=args.model, regions=regions)
+    seeds = [70000 + (n_obj - 2) * 50000 + gi * 100 + s for s in range(args.samples)]
+    results = runner.generate([replace(base, seed=s) for s in seeds])
+    checks = [checker.check(r.image, goal.objects) for r in results]
     return {
-        "whole": whole,
-        "parts-whole": 0.5 * (whole + min(parts_whole.values())),
-        "parts-region": 0.5 * (whole + min(parts_region.values())),
-        "region-min": min(parts_region.values()),
+        "key": key, "objects_n": n_obj, "text": goal.text, "objects": goal.objects,
+        "layout": [list(e) for e in plan], "seeds": seeds, "steps": args.steps,
+        "right": [c.all_ok for c in checks],
+        "objects_ok": [[all(o.values()) for o in c.objects] for c in checks],
+        "images": [_png(r.image) for r in results],
     }
 
 
-def generate(args: argparse.Namespace) -> tuple[list[world.Goal], list[list], list[list[bool]],
-                                                 list[ScoreRequest], list[ScoreRequest]]:
-    """The layout samples of every goal, the checker's verdicts, and each goal's two score
-    requests (parts on the whole image; parts on their regions)."""
-    runner = Runner(args.model, EngineConfig(max_batch=32))
-    goals = world.heldout_goals(args.goals, objects=args.objects, seed=args.goal_seed)
-    images, right, on_whole, on_region = [], [], [], []
-    for gi, goal in enumerate(goals):
-        parts = goal_parts(goal.text)
-        plan = plan_layout(parts)
-        assert plan is not None, goal.text
-        regions = tuple(Region(*r) for r in plan)
-        if args.no_scale:
-            regions = tuple(replace(r, scale=1.0) for r in regions)
-        base = GenerationRequest(goal.text, seed=0, width=32, height=32, steps=20, guidance=3.0,
-                                 model=args.model, regions=regions)
-        results = runner.generate([replace(base, seed=70000 + gi * 100 + s)
-                                   for s in range(args.samples)])
-        images.append([r.image for r in results])
-        right.append([checker.check(r.image, goal.objects).all_ok for r in results])
-        texts = tuple(p.text for p in parts)
-        on_whole.append(ScoreRequest(goal.text, texts))
-        judged = tuple(Region(*r) for r in part_regions(parts, plan))  # type: ignore[misc]
-        on_region.append(ScoreRequest(goal.text, texts, judged))
-    return goals, images, right, on_whole, on_region
+def _decode(rec: dict[str, Any], samples: int | None = None) -> dict[str, Any]:
+    k = samples or len(rec["images"])
+    return {**rec, "images": [_unpng(t) for t in rec["images"][:k]], "right": rec["right"][:k],
+            "objects_ok": rec["objects_ok"][:k]}
 
 
-def rank(scorer: Scorer, images: list[list], right: list[list[bool]],
-         on_whole: list[ScoreRequest], on_region: list[ScoreRequest]) -> dict[str, float]:
-    """Share of goals whose top-ranked image is right, per objective."""
-    chosen = dict.fromkeys(OBJECTIVES, 0)
-    for ims, ok, req_w, req_r in zip(images, right, on_whole, on_region, strict=True):
-        whole = scorer.score(ims, [req_w] * len(ims))
-        region = scorer.score(ims, [req_r] * len(ims))
-        values = [_objectives(w.clip_score, w.part_scores, r.part_scores)
-                  for w, r in zip(whole, region, strict=True)]
+@torch.inference_mode()
+def features(scorer: Scorer, rec: dict[str, Any]) -> dict[str, np.ndarray]:
+    """Cosines for one goal's images: whole vs goal, each part's view vs its own text and its
+    negatives, the blank view vs each part's text, the whole image vs the goal's negatives."""
+    parts = goal_parts(rec["text"])
+    judged = part_regions(parts, tuple(tuple(e) for e in rec["layout"]))
+    regions = [Region(*r) for r in judged]  # type: ignore[misc]
+    texts = tuple(r.prompt for r in regions)
+    negatives = part_contrasts(parts, texts)
+    goal_negs = [rec["text"].replace(p.subject, s, 1)
+                 for k, p in enumerate(parts) if p.subject in rec["text"]
+                 for s in contrast_subjects(p.subject, [q.subject for i, q in enumerate(parts) if i != k])]
+    images = rec["images"]
+    views = [v for im in images for v in region_views(im, regions)]
+    blanks = [Image.new("RGB", im.size, tuple(int(c) for c in np.rint(background_of(im))))
+              for im in images]
+    emb = scorer._encode_images([*images, *views, *blanks])
+    n, p = len(images), len(parts)
+    whole, view, blank = emb[:n], emb[n:n + n * p].reshape(n, p, -1), emb[n + n * p:]
+    all_texts = sorted({rec["text"], *texts, *(t for ns in negatives for t in ns), *goal_negs})
+    temb = scorer._encode_texts(all_texts)
+    t = lambda s: temb[s]  # noqa: E731
+    own = torch.stack([view[:, k] @ t(texts[k]) for k in range(p)], 1)  # n x p
+    neg = [torch.stack([view[:, k] @ t(s) for s in negatives[k]], 1) if negatives[k]
+           else torch.full((n, 1), -1.0) for k in range(p)]
+    return {
+        "whole": (whole @ t(rec["text"])).numpy(),
+        "own": own.numpy(),
+        "neg": [x.numpy() for x in neg],
+        "blank": torch.stack([blank @ t(texts[k]) for k in range(p)], 1).numpy(),
+        "goal_neg": (torch.stack([whole @ t(s) for s in goal_negs], 1).numpy() if goal_negs
+                     else np.full((n, 1), -1.0)),
+        "scale": float(scorer.model.logit_scale.exp().clamp(max=100)),
+    }
+
+
+def objectives(f: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Each objective's value per image (higher: ranked first)."""
+    own, whole, blank = f["own"], f["whole"], f["blank"]
+    best_neg = np.stack([x.max(1) for x in f["neg"]], 1)  # n x p
+    margin = own - best_neg
+    logp = []
+    for k, x in enumerate(f["neg"]):
+        logits = f["scale"] * np.concatenate([own[:, k:k + 1], x], 1)
+        logits -= logits.max(1, keepdims=True)
+        logp.append(logits[:, 0] - np.log(np.exp(logits).sum(1)))
+    logp = np.stack(logp, 1)
+    verified = own - np.maximum(0.0, best_neg - own)
+    verified_blank = own - np.maximum(0.0, np.maximum(best_neg, blank) - own)
+    parts_region = 0.5 * (whole + own.min(1))
+    return {
+        "whole": whole,
+        "parts-region": parts_region,
+        "region-min": own.min(1),
+        "parts-mean": 0.5 * (whole + own.mean(1)),
+        "parts-mix": 0.5 * whole + 0.25 * (own.min(1) + own.mean(1)),
+        "margin-min": margin.min(1),
+        "prob-min": np.exp(logp.min(1)),
+        "logprob-sum": logp.sum(1),
+        "presence-min": (own - blank).min(1),
+        "contrast-min": (own - np.maximum(best_neg, blank)).min(1),
+        "whole+margin": whole + margin.min(1),
+        "parts+margin": parts_region + margin.min(1),
+        "verified": 0.5 * (whole + verified.min(1)),
+        "verified-blank": 0.5 * (whole + verified_blank.min(1)),
+        "goal-contrast": whole - f["goal_neg"].max(1),
+    }
+
+
+SHIPPED = "parts-region"
+"""The loop's objective (`agentloop.revisers.base.objective_of` on these part scores)."""
+
+
+def why_wrong(image: Image.Image, objects: list[dict[str, str]]) -> str:
+    """What the checker finds wrong in an image: the failing attributes, "count" first."""
+    result = checker.check(image, objects)
+    failed = sorted({a for o in result.objects for a, ok in o.items() if not ok})
+    return "+".join((["count"] if not result.count_ok else []) + failed) or "right"
+
+
+def part_auroc(pairs: list[tuple[np.ndarray, np.ndarray]]) -> float | None:
+    """Within-goal AUROC of a part signal: over every goal and part, the chance that an image
+    whose object for that part is right (by the checker) scores above one whose object is
+    wrong (ties count half). 0.5 is chance; selection needs it near 1. None without such pairs."""
+    hits = total = 0.0
+    for values, ok in pairs:
+        pos, neg = values[ok], values[~ok]
+        hits += (pos[:, None] > neg[None, :]).sum() + 0.5 * (pos[:, None] == neg[None, :]).sum()
+        total += len(pos) * len(neg)
+    return round(float(hits / total), 3) if total else None
+
+
+def shape_margins(image: Image.Image, objects: list[dict[str, str]]) -> list[tuple[bool, float]]:
+    """How sure the judge itself is of each requested shape: (right, soft IoU of the requested
+    shape's template minus the best other template's) per requested object found alone at its
+    position. Near 0: the checker's call is a close one."""
+    out = []
+    for req in objects:
+        found = [d for d in checker.detect(image) if d.position == req["position"]]
+        if len(found) != 1 or not found[0].shape_scores:
+            continue
+        scores = found[0].shape_scores
+        best_other = max(v for k, v in scores.items() if k != req["shape"])
+        out.append((found[0].shape == req["shape"], scores.get(req["shape"], 0.0) - best_other))
+    return out
+
+
+def rank(scorer: Scorer, records: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """Per number of objects: the share of goals whose top-ranked image is right, per
+    objective, plus the oracle, one sample's rate, and what is wrong (by the checker) in the
+    wrong images and in the shipped objective's wrong picks of goals that had a right one."""
+    by_kind: dict[int, dict[str, list[float]]] = {}
+    reasons: dict[int, dict[str, dict[str, int]]] = {}
+    signals: dict[int, dict[str, list]] = {}
+    margins: dict[int, list[tuple[bool, float]]] = {}
+    for rec in records:
+        f = features(scorer, rec)
+        values = objectives(f)
+        ok_parts = np.array(rec["objects_ok"], dtype=bool)
+        sig = signals.setdefault(rec["objects_n"], {"own": [], "margin": []})
+        for k in range(ok_parts.shape[1]):
+            sig["own"].append((f["own"][:, k], ok_parts[:, k]))
+            sig["margin"].append((f["own"][:, k] - f["neg"][k].max(1), ok_parts[:, k]))
+        margins.setdefault(rec["objects_n"], []).extend(
+            m for image in rec["images"] for m in shape_margins(image, rec["objects"]))
+        row = by_kind.setdefault(rec["objects_n"], {n: [] for n in (*OBJECTIVES, "oracle", "one")})
+        why = reasons.setdefault(rec["objects_n"], {"all_wrong": {}, "picked_wrong": {}})
+        ok = rec["right"]
         for name in OBJECTIVES:
-            top = max(range(len(ims)), key=lambda k, n=name: (values[k][n], -k))
-            chosen[name] += ok[top]
-    return {name: hits / len(images) for name, hits in chosen.items()}
+            v = values[name]
+            top = max(range(len(ok)), key=lambda k, v=v: (float(v[k]), -k))
+            row[name].append(float(ok[top]))
+            if name == SHIPPED and any(ok) and not ok[top]:
+                r = why_wrong(rec["images"][top], rec["objects"])
+                why["picked_wrong"][r] = why["picked_wrong"].get(r, 0) + 1
+        for image, good in zip(rec["images"], ok, strict=True):
+            if not good:
+                r = why_wrong(image, rec["objects"])
+                why["all_wrong"][r] = why["all_wrong"].get(r, 0) + 1
+        row["oracle"].append(float(any(ok)))
+        row["one"].append(sum(ok) / len(ok))
+    out = {}
+    for k, row in sorted(by_kind.items()):
+        right = np.array([m for ok, m in margins[k] if ok])
+        wrong = np.array([m for ok, m in margins[k] if not ok])
+        out[k] = {n: float(np.mean(v)) for n, v in row.items()} | {
+            "goals": len(row["oracle"]), "why": reasons[k],
+            "part_auroc": {n: part_auroc(p) for n, p in signals[k].items()},
+            "judge_close_calls": {
+                "right_shapes_within_0.05": round(float((right < 0.05).mean()), 3) if len(right) else None,
+                "wrong_shapes_within_0.05": round(float((wrong > -0.05).mean()), 3) if len(wrong) else None,
+            },
+        }
+    return out
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="4 goals, 8 samples each")
-    parser.add_argument("--goals", type=int, default=20)
+    parser.add_argument("--goals", type=int, default=20, help="goals per number of objects")
     parser.add_argument("--samples", type=int, default=16, help="N: layout samples per goal")
-    parser.add_argument("--objects", type=int, default=2, choices=(2, 3))
+    parser.add_argument("--objects", default="2", help="numbers of objects, comma-separated (2, 3)")
     parser.add_argument("--goal-seed", type=int, default=7,
                         help="not the loop bench's goals (seeds 1 to 3)")
     parser.add_argument("--model", default="shapes")
-    parser.add_argument("--weights", action="append", default=[], metavar="LABEL=PATH",
-                        help="also rank with shapes-clip loaded from these weights (repeatable)")
-    parser.add_argument("--no-scale", action="store_true",
-                        help="draw every region at scale 1 (size words do not shape regions)")
+    parser.add_argument("--steps", type=int, default=None, help="default: the model's")
+    parser.add_argument("--guidance", type=float, default=None, help="default: the model's")
+    parser.add_argument("--scorer", default="shapes-clip")
+    parser.add_argument("--weights", metavar="PATH",
+                        help="load the scorer's weights from this safetensors file (e.g. a "
+                             "fine-tune; replay a record to compare weights on the same images)")
+    parser.add_argument("--record", help="JSON lines file: append each generated goal")
+    parser.add_argument("--replay", action="append",
+                        help="JSON lines file: rank its goals, generate nothing (repeatable: pooled)")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    args.objects = [int(k) for k in args.objects.split(",") if k.strip()]
+    if any(k not in (2, 3) for k in args.objects):
+        parser.error("--objects takes 2 and/or 3")
     if args.quick:
         args.goals, args.samples = 4, 8
+    defaults = model_defaults(args.model)
+    args.steps = args.steps or int(defaults.get("steps", 20))
+    args.guidance = args.guidance if args.guidance is not None else float(defaults.get("guidance", 3.0))
     t0 = time.perf_counter()
-    goals, images, right, on_whole, on_region = generate(args)
+    records = collect(args)
     t_gen = time.perf_counter() - t0
-    oracle = sum(any(ok) for ok in right) / len(goals)
-    one_sample = sum(sum(ok) for ok in right) / (len(goals) * args.samples)
-    scorers: dict[str, dict[str, float]] = {}
-    for label, path in [("shapes-clip", None), *(w.split("=", 1) for w in args.weights)]:
-        scorer = Scorer("shapes-clip")
-        if path is not None:
-            scorer.model.load_state_dict(load_file(path))
-        scorers[label] = rank(scorer, images, right, on_whole, on_region)
+    scorer = Scorer(args.scorer)
+    if args.weights:
+        from safetensors.torch import load_file
+        scorer.model.load_state_dict(load_file(args.weights))
+    result = rank(scorer, records)
     elapsed = time.perf_counter() - t0
-    print(f"\nSelection on {len(goals)} held-out {args.objects}-object goals, N = {args.samples} "
-          f"layout samples each (model {args.model}); right = the exact checker's all_ok.")
-    print(f"one sample right {one_sample:.3f}; oracle (any of N right) {oracle:.3f}\n")
-    header = f"{'scorer':<14} {'objective':<13} {'chosen right':>12} {'oracle':>7} {'gap (points)':>13}"
-    print(header)
-    print("-" * len(header))
-    for label, chosen in scorers.items():
+    source = f"replayed from {', '.join(args.replay)}" if args.replay else f"model {args.model}, {args.steps} steps"
+    for n_obj, r in result.items():
+        print(f"\nSelection on {r['goals']} held-out {n_obj}-object goals ({source}), "
+              f"{len(records[0]['right'])} layout samples each; right = the exact checker's all_ok.")
+        print(f"one sample right {r['one']:.3f}; oracle (any of N right) {r['oracle']:.3f}\n")
+        header = f"{'objective':<15} {'chosen right':>12} {'oracle':>7} {'gap (points)':>13}"
+        print(header)
+        print("-" * len(header))
         for name in OBJECTIVES:
-            print(f"{label:<14} {name:<13} {chosen[name]:>12.3f} {oracle:>7.3f} "
-                  f"{100 * (oracle - chosen[name]):>13.1f}")
+            print(f"{name:<15} {r[name]:>12.3f} {r['oracle']:>7.3f} "
+                  f"{100 * (r['oracle'] - r[name]):>13.1f}" + ("  (the loop's)" if name == SHIPPED else ""))
+        print(f"part AUROC (within goal, right vs wrong object by the checker): own text on its "
+              f"region {r['part_auroc']['own']}, contrast margin {r['part_auroc']['margin']}")
+        close = r["judge_close_calls"]
+        print(f"the checker's own close calls (soft IoU of the asked shape within 0.05 of another): "
+              f"{close['right_shapes_within_0.05']} of right shapes, "
+              f"{close['wrong_shapes_within_0.05']} of wrong ones")
+        for label, counts in (("wrong images", r["why"]["all_wrong"]),
+                              (f"{SHIPPED}'s wrong picks (goals with a right image)",
+                               r["why"]["picked_wrong"])):
+            total = sum(counts.values()) or 1
+            top = sorted(counts.items(), key=lambda kv: -kv[1])[:5]
+            print(f"what the checker finds wrong in {label}: "
+                  + ", ".join(f"{k} {v / total:.0%}" for k, v in top))
     figures = {
-        "bench": "selection", "goals": len(goals), "objects": args.objects,
-        "samples": args.samples, "goal_seed": args.goal_seed, "model": args.model,
-        "region_scales": not args.no_scale, "one_sample_right": round(one_sample, 4),
-        "oracle": oracle, "chosen": scorers,
-        "gap_points": {label: {n: round(100 * (oracle - c[n]), 1) for n in OBJECTIVES}
-                       for label, c in scorers.items()},
+        "bench": "selection", "scorer": args.scorer, "weights": args.weights, "model": args.model, "steps": args.steps,
+        "goal_seed": None if args.replay else args.goal_seed, "replay": args.replay,
+        "kinds": {str(k): {"goals": r["goals"], "one_sample_right": round(r["one"], 4),
+                           "oracle": round(r["oracle"], 4),
+                           "chosen": {n: round(r[n], 4) for n in OBJECTIVES},
+                           "gap_points": {n: round(100 * (r["oracle"] - r[n]), 1) for n in OBJECTIVES},
+                           "why": r["why"], "part_auroc": r["part_auroc"],
+                           "judge_close_calls": r["judge_close_calls"]}
+                  for k, r in result.items()},
         "generate_s": round(t_gen, 1), "seconds": round(elapsed, 1),
     }
     print(json.dumps(figures))

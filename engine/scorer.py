@@ -53,14 +53,20 @@ def clip_score(cosine: float) -> float:
     return CLIPSCORE_WEIGHT * max(cosine, 0.0)
 
 
+def background_of(image: Image.Image) -> np.ndarray:
+    """An image's background color: the per-channel median of its border pixels (float RGB)."""
+    arr = np.asarray(image.convert("RGB"), dtype=np.float32)
+    border = np.concatenate([arr[0], arr[-1], arr[1:-1, 0], arr[1:-1, -1]])
+    return np.median(border, axis=0)
+
+
 def region_views(image: Image.Image, regions: Sequence[Region]) -> list[Image.Image]:
     """One view of ``image`` per region: the region kept (by its layout weight among
     ``regions``), everything else blended to the background, the per-channel median of the
     image's border pixels. A lone region competes with its mirror image across the center
     (a lone centered one keeps the whole image)."""
     arr = np.asarray(image.convert("RGB"), dtype=np.float32)
-    border = np.concatenate([arr[0], arr[-1], arr[1:-1, 0], arr[1:-1, -1]])
-    background = np.median(border, axis=0)
+    background = background_of(image)
     regions = list(regions)
     n = len(regions)
     if n == 1 and (regions[0].x, regions[0].y) != (0.5, 0.5):

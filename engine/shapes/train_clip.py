@@ -121,6 +121,37 @@ def swap_negative(
     return out
 
 
+BLOB = "blob"
+"""The shape of an object drawn rounded off (`render_rounded`): no shape word describes it."""
+
+
+def _blur(alpha: np.ndarray, sigma: float) -> np.ndarray:
+    """Separable Gaussian blur of a 2-D coverage map."""
+    radius = max(1, int(3 * sigma))
+    x = np.arange(-radius, radius + 1, dtype=np.float32)
+    k = np.exp(-0.5 * (x / sigma) ** 2)
+    k /= k.sum()
+    out = np.apply_along_axis(lambda r: np.convolve(r, k, mode="same"), 1, alpha)
+    return np.apply_along_axis(lambda c: np.convolve(c, k, mode="same"), 0, out)
+
+
+def render_rounded(scene: world.Scene, index: int, rng: random.Random) -> np.ndarray:
+    """The scene with object ``index`` drawn as a rounded-off blob of its shape (its coverage
+    blurred, then cut again at a random level, so the edge stays crisp): the malformed shape a
+    generator draws when it half-draws a cross or a triangle. A negative image for any caption
+    that names that object's shape."""
+    img = np.empty((world.IMAGE_SIZE, world.IMAGE_SIZE, 3), dtype=np.float32)
+    img[:] = np.asarray(scene.background_rgb, dtype=np.float32)
+    for k, o in enumerate(scene.objects):
+        alpha = world.shape_mask(o.shape, o.cx, o.cy, o.extent)
+        if k == index:
+            soft = _blur(alpha, sigma=o.extent * rng.uniform(0.15, 0.25))
+            level = rng.uniform(0.3, 0.45) * soft.max()
+            alpha = np.clip((soft - level) / 0.08 + 0.5, 0.0, 1.0)
+        img = img * (1 - alpha[..., None]) + np.asarray(o.rgb, dtype=np.float32) * alpha[..., None]
+    return np.clip(np.rint(img), 0, 255).astype(np.uint8)
+
+
 def _n_objects(rng: random.Random, two_object_prob: float, three_object_prob: float) -> int:
     u = rng.random()
     return 3 if u < three_object_prob else 2 if u < three_object_prob + two_object_prob else 1
@@ -145,13 +176,16 @@ def _partial(
 
 def make_batch(
     rng: random.Random, n: int, two_object_prob: float, drop: float,
-    three_object_prob: float = 0.0, swap_prob: float = 0.0,
+    three_object_prob: float = 0.0, swap_prob: float = 0.0, blob_prob: float = 0.0,
 ) -> tuple[np.ndarray, list[str], torch.Tensor]:
     """Images, then n positive and n hard-negative captions, and the (n, 2n) target matrix
     (1 where a caption truly describes an image: duplicates and partial captions included).
 
     A scene of several objects gets, with probability ``swap_prob``, a binding negative (an
-    attribute swapped between two objects, `swap_negative`) instead of a changed attribute."""
+    attribute swapped between two objects, `swap_negative`) instead of a changed attribute.
+    With probability ``blob_prob`` a scene with a square, triangle or cross has one such
+    object drawn rounded off (`render_rounded`): its positive caption leaves that object's
+    shape unsaid and its negative names the shape it was meant to be."""
     images = np.empty((n, world.IMAGE_SIZE, world.IMAGE_SIZE, 3), dtype=np.uint8)
     scenes: list[list[dict[str, str]]] = []
     pos: list[str] = []
@@ -161,11 +195,24 @@ def make_batch(
     for k in range(n):
         n_objects = _n_objects(rng, two_object_prob, three_object_prob)
         scene = world.sample_scene(rng, n_objects, "train")
-        images[k] = world.render(scene)
         objs = scene.attributes()
-        stated = _partial(objs, rng, drop)
-        swapped = swap_negative(stated, rng) if n_objects > 1 and rng.random() < swap_prob else None
-        negative = swapped or hard_negative(stated, rng)
+        roundable = [i for i, o in enumerate(objs) if o["shape"] not in ("circle", "ring")]
+        if roundable and rng.random() < blob_prob:
+            j = rng.choice(roundable)
+            images[k] = render_rounded(scene, j, rng)
+            stated = _partial(objs, rng, drop)
+            meant = stated[j].get("shape") or objs[j]["shape"]
+            stated[j].pop("shape", None)
+            if not stated[j]:
+                stated[j] = {"color": objs[j]["color"]}
+            negative = [dict(o) for o in stated]
+            negative[j]["shape"] = meant
+            objs[j] = {**objs[j], "shape": BLOB}
+        else:
+            images[k] = world.render(scene)
+            stated = _partial(objs, rng, drop)
+            swapped = swap_negative(stated, rng) if n_objects > 1 and rng.random() < swap_prob else None
+            negative = swapped or hard_negative(stated, rng)
         for phrases_of, texts in ((stated, pos), (negative, neg)):
             phrases = [world.object_phrase(o, rng) for o in phrases_of]
             rng.shuffle(phrases)
@@ -294,6 +341,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--swap-prob", type=float, default=0.0,
                     help="chance that a scene of several objects gets a binding negative (an "
                          "attribute swapped between two objects) instead of a changed attribute")
+    ap.add_argument("--blob-prob", type=float, default=0.0,
+                    help="chance that a scene has one object drawn rounded off, captioned "
+                         "without its shape, its hard negative naming the shape (render_rounded)")
     ap.add_argument("--pair-weight", type=float, default=0.0,
                     help="weight of a loss that ranks each image's caption above its own hard "
                          "negative alone (focuses the gradient on the negatives)")
@@ -342,7 +392,8 @@ def main(argv: list[str] | None = None) -> None:
         for g in opt.param_groups:
             g["lr"] = lr_at(step, args.steps, args.lr, args.warmup)
         images, texts, target = make_batch(
-            rng, args.batch, args.two_object_prob, args.drop, args.three_object_prob, args.swap_prob
+            rng, args.batch, args.two_object_prob, args.drop, args.three_object_prob, args.swap_prob,
+            args.blob_prob,
         )
         img = F.normalize(model.encode_image(image_tensor(images, model)), dim=-1)
         txt = F.normalize(model.encode_text(tokenizer(texts)), dim=-1)

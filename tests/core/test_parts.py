@@ -13,8 +13,10 @@ from agentloop.parts import (
     PARSERS,
     Part,
     RuleParser,
+    contrast_subjects,
     get_parser,
     goal_parts,
+    part_contrasts,
     part_regions,
     part_texts,
     register_parser,
@@ -191,3 +193,26 @@ def test_parsers_are_plug_ins_by_name() -> None:
         goal_parts.cache_clear()
     with pytest.raises(ValueError, match="unknown goal parser 'nope'; known: \\['rules'\\]"):
         goal_parts("a and b", "nope")
+
+
+def test_contrasts_bind_the_goals_own_words_to_the_wrong_part() -> None:
+    """Hard negatives come from the goal's words, whatever they are: the other part's noun
+    with this part's modifiers, each modifier swapped (aligned from the noun), all swapped,
+    and the other part itself."""
+    negs = contrast_subjects("a small red circle", ["a large blue ring"])
+    assert negs == ["a small red ring", "a small blue circle", "a large red circle",
+                    "a large blue circle", "a large blue ring"]
+    assert contrast_subjects("a cat", ["a black dog"]) == ["a dog", "a black dog"]
+    assert contrast_subjects("a fluffy cat, sleeping", ["a dog"]) == ["a fluffy dog, sleeping", "a dog"]
+    assert contrast_subjects("a red circle", ["a red circle"]) == []  # nothing differs
+    assert contrast_subjects("the", ["a dog"]) == []  # no noun phrase
+
+
+def test_part_contrasts_keep_each_parts_place_words() -> None:
+    parts = goal_parts("a small blue square at the top and a large red ring at the bottom")
+    judged = tuple(p.text for p in parts)
+    square, ring = part_contrasts(parts, judged)
+    assert "a small blue ring at the top" in square and "a small red square at the top" in square
+    assert "a large red square at the bottom" in ring
+    assert all(t.endswith("at the top") for t in square)
+    assert all(t.endswith("at the bottom") for t in ring)

@@ -68,15 +68,31 @@ def test_loop_quality_lays_out_three_objects_placeless_and_phrased_goals(
         assert 0.0 <= figures[kind]["loop_2"] <= figures[kind]["loop_2_oracle"] <= 1.0
 
 
-def test_selection_runs(capsys: pytest.CaptureFixture[str]) -> None:
-    figures = _load("selection").main(["--goals", "1", "--samples", "2"])
+def test_selection_records_replays_and_ranks_two_and_three_objects(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    selection = _load("selection")
+    record = tmp_path / "sel.jsonl"
+    figures = selection.main(["--goals", "1", "--samples", "2", "--objects", "2,3",
+                              "--record", str(record)])
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == figures
-    assert set(figures["chosen"]["shapes-clip"]) == {"whole", "parts-whole", "parts-region",
-                                                     "region-min"}
-    for name, chosen in figures["chosen"]["shapes-clip"].items():
-        assert 0.0 <= chosen <= figures["oracle"] <= 1.0
-        assert figures["gap_points"]["shapes-clip"][name] == pytest.approx(
-            100 * (figures["oracle"] - chosen), abs=0.05)
+    assert figures["steps"] == model_defaults("shapes")["steps"]
+    lines = [json.loads(line) for line in record.read_text().splitlines()]
+    assert [r["objects_n"] for r in lines] == [2, 3] and all(len(r["images"]) == 2 for r in lines)
+    for kind in ("2", "3"):
+        k = figures["kinds"][kind]
+        assert set(k["chosen"]) == set(selection.OBJECTIVES)
+        for name, chosen in k["chosen"].items():
+            assert 0.0 <= chosen <= k["oracle"] <= 1.0
+            assert k["gap_points"][name] == pytest.approx(100 * (k["oracle"] - chosen), abs=0.05)
+    # a rerun with the record generates nothing new; a replay ranks the same images the same way
+    again = selection.main(["--goals", "1", "--samples", "2", "--objects", "2,3",
+                            "--record", str(record)])
+    assert len(record.read_text().splitlines()) == 2
+    replayed = selection.main(["--objects", "2,3", "--replay", str(record)])
+    capsys.readouterr()
+    assert replayed["kinds"] == again["kinds"] == figures["kinds"]
+    assert replayed["generate_s"] < 5
 
 
 def test_layout_mix_runs(capsys: pytest.CaptureFixture[str]) -> None:

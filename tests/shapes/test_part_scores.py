@@ -8,6 +8,9 @@ import random
 import numpy as np
 import pytest
 
+from agentloop.layout import plan_layout
+from agentloop.parts import goal_parts, part_regions
+from agentloop.revisers.base import objective_of
 from engine.scorer import Scorer, region_views
 from engine.shapes import world
 from engine.types import Region, ScoreRequest
@@ -80,3 +83,41 @@ def test_a_part_without_a_region_is_judged_on_the_whole_image(scorer: Scorer) ->
     assert mixed.part_scores["a red circle"] != pytest.approx(whole.part_scores["a red circle"])
     with pytest.raises(ValueError, match="1 part regions for 2 parts"):
         ScoreRequest(text, parts, (Region("a red circle", *LEFT),))
+
+
+def _judge(scorer: Scorer, goal: str, images: list) -> list[float]:  # noqa: ANN001
+    """The loop's objective for each image, its parts judged on the goal's planned regions
+    as a worker judges a layout candidate."""
+    parts = goal_parts(goal)
+    regions = tuple(Region(*r) for r in part_regions(parts, plan_layout(parts) or ()))  # type: ignore[misc]
+    request = ScoreRequest(goal, tuple(p.text for p in parts), regions)
+    results = scorer.score(images, [request] * len(images))
+    return [objective_of(r.clip_score, r.part_scores, request.parts) for r in results]
+
+
+def test_the_loops_objective_prefers_the_right_render_to_a_color_swap_or_a_missing_object(
+    scorer: Scorer,
+) -> None:
+    """On renders of held-out two-object goals, the right scene outranks the same scene with
+    the two colors swapped, and the scene with either object left out."""
+    goals = [g for g in world.heldout_goals(16, objects=2, seed=5)
+             if g.objects[0]["color"] != g.objects[1]["color"]]
+    assert len(goals) >= 10
+    for k, goal in enumerate(goals):
+        objs = goal.objects
+        swapped = [{**o, "color": objs[1 - i]["color"]} for i, o in enumerate(objs)]
+        images = [_scene(objs, k), _scene(swapped, k), _scene(objs[:1], k), _scene(objs[1:], k)]
+        right, *wrong = _judge(scorer, goal.text, images)
+        assert right > max(wrong), (goal.text, right, wrong)
+
+
+def test_a_missing_object_fails_its_part(scorer: Scorer) -> None:
+    goal = world.heldout_goals(1, objects=2, seed=5)[0]
+    parts = goal_parts(goal.text)
+    regions = tuple(Region(*r) for r in part_regions(parts, plan_layout(parts) or ()))  # type: ignore[misc]
+    request = ScoreRequest(goal.text, tuple(p.text for p in parts), regions)
+    both, first_only = scorer.score([_scene(goal.objects), _scene(goal.objects[:1])], [request] * 2)
+    kept, dropped = request.parts
+    assert first_only.part_scores[dropped] < both.part_scores[dropped] - 0.3
+    assert first_only.part_scores[dropped] < first_only.part_scores[kept]
+    assert first_only.part_scores[kept] == pytest.approx(both.part_scores[kept], abs=0.15)
