@@ -26,7 +26,12 @@ Loss, per step:
   (``train_clip.make_batch``), so the student still aligns text and images.
 
 The text tower is frozen (``--train-text`` lets it learn): the previews change what images look
-like, not what the goals say. A tenth of the goals (``--val-share``) is kept out of training;
+like, not what the goals say. The model runs in eval mode throughout, so the image tower's
+BatchNorm keeps the shipped running statistics (its affine weights learn).
+
+Output: ``<out>/visual.safetensors``, the image tower's weights alone (5.3 MB fp32), which the
+catalog's ``shapes-clip-preview`` scorer lays over shapes-clip's; with ``--train-text``, every
+weight as ``<out>/open_clip_model.safetensors`` instead (not a catalog scorer). A tenth of the goals (``--val-share``) is kept out of training;
 before and after, the bench's rank correlation (Spearman, mean over goals and ks) of preview
 scores against the teacher's final scores is reported on them, and the attribute accuracies
 of ``train_clip`` on held-out renders.
@@ -102,7 +107,7 @@ def embed_texts(model, tokenizer, goals: list[dict]) -> list[tuple[torch.Tensor,
 def validate(model, data: Data, texts, goals: list[int]) -> dict[str, float]:
     """Spearman of preview score vs the teacher's final score (and vs the checker), mean over
     goals, per k."""
-    model.eval()
+    model.eval()  # (training runs in eval mode too: see main)
     out: dict[str, float] = {}
     for ki, k in enumerate(data.ks):
         vs_final, vs_ok = [], []
@@ -114,7 +119,6 @@ def validate(model, data: Data, texts, goals: list[int]) -> dict[str, float]:
         out[f"k{k}_vs_final"] = round(float(np.nanmean(vs_final)), 4)
         ok = [v for v in vs_ok if not math.isnan(v)]
         out[f"k{k}_vs_checker"] = round(float(np.mean(ok)), 4) if ok else float("nan")
-    model.train()
     return out
 
 
@@ -133,7 +137,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--contrastive-weight", type=float, default=0.5)
     ap.add_argument("--contrastive-batch", type=int, default=64)
     ap.add_argument("--train-text", action="store_true", help="let the text tower learn too")
+    ap.add_argument("--train-ks", type=int, nargs="+", default=None,
+                    help="train on the previews of these steps only (default: every recorded k)")
     ap.add_argument("--val-share", type=float, default=0.1)
+    ap.add_argument("--eval-every", type=int, default=200, help="log the validation figures")
     ap.add_argument("--max-minutes", type=float, default=20.0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
@@ -165,8 +172,21 @@ def main(argv: list[str] | None = None) -> None:
                       "ks": data.ks, "args": {k: str(v) for k, v in vars(args).items()},
                       "before": before}), flush=True)  # fmt: skip
 
+    train_kis = [data.ks.index(k) for k in (args.train_ks or data.ks)]
+
+    def current() -> list:
+        return embed_texts(model, tokenizer, data.goals) if args.train_text else texts
+
+    # eval mode throughout: the image tower's BatchNorm keeps the shipped running statistics
+    # (its affine weights still learn), so batches of previews do not shift how the tower
+    # normalizes every other image
+    model.eval()
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.98), eps=1e-6, weight_decay=0.05)
+    opt = torch.optim.AdamW(  # decay on matrices only, as train_clip
+        [{"params": [p for p in params if p.ndim >= 2], "weight_decay": 0.05},
+         {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}],
+        lr=args.lr, betas=(0.9, 0.98), eps=1e-6,
+    )  # fmt: skip
     start = time.time()
     running = None
     step = 0
@@ -174,7 +194,7 @@ def main(argv: list[str] | None = None) -> None:
         for group in opt.param_groups:
             group["lr"] = train_clip.lr_at(step, args.steps, args.lr, args.warmup)
         picked = rng.sample(train, args.goals_per_step)
-        kis = [rng.randrange(len(data.ks)) for _ in picked]
+        kis = [rng.choice(train_kis) for _ in picked]
         pixels = np.concatenate([data.previews[g, ki] for g, ki in zip(picked, kis, strict=True)])
         img = F.normalize(model.encode_image(train_clip.image_tensor(pixels, model)), dim=-1)
         if args.train_text:
@@ -205,10 +225,12 @@ def main(argv: list[str] | None = None) -> None:
                               "rank_kl_ema": round(running, 4), "contrastive": round(loss_c.item(), 4),
                               "grad_norm": round(grad_norm, 3), "elapsed_s": round(elapsed, 1)}),
                   flush=True)  # fmt: skip
+        if args.eval_every and (step + 1) % args.eval_every == 0:
+            print(json.dumps({"event": "eval", "step": step + 1, "elapsed_s": round(elapsed, 1),
+                              "val": validate(model, data, current(), val)}), flush=True)  # fmt: skip
         if elapsed > args.max_minutes * 60:
             break
-    after = {"val": validate(model, data, texts if not args.train_text else
-                             embed_texts(model, tokenizer, data.goals), val),
+    after = {"val": validate(model, data, current(), val),
              "zero_shot_heldout": train_clip.zero_shot(model, tokenizer),
              "binding_heldout_two_objects": train_clip.binding(model, tokenizer)}  # fmt: skip
     save(model, args.out, args.train_text)
