@@ -14,7 +14,8 @@ parts the mean of it and the weaker part's) and the exact checker's verdict.
 The file (numpy ``.npz``) holds ``previews`` (goals, ks, seeds, 32, 32, 3) uint8, ``final``
 (goals, seeds, 32, 32, 3) uint8, ``final_score`` and ``ok`` (goals, seeds), ``ks``, and
 ``goals`` (JSON: text, parts, objects per goal). ``engine.shapes.train_clip_preview`` trains on
-it. Seeds are ``derive_seed(TRAIN_SEED_BASE + goal, 0, j)``, apart from the benches' seeds.
+it. Seeds are ``derive_seed(TRAIN_SEED_BASE + 10,000 * seed + goal, 0, j)``, apart from the
+benches' seeds; another ``--seed`` draws other goals and seeds (more data for the same run).
 """
 
 from __future__ import annotations
@@ -118,7 +119,8 @@ def main(argv: list[str] | None = None) -> None:
     rows: list[tuple] = []
     meta: list[dict] = []
     for gi, (goal, kind) in enumerate(goals):
-        requests = requests_for(goal, TRAIN_SEED_BASE + gi, args.seeds, args.model, defaults)
+        index = TRAIN_SEED_BASE + 10_000 * args.seed + gi  # another --seed: other goals and seeds
+        requests = requests_for(goal, index, args.seeds, args.model, defaults)
         rows.append(collect_goal(runner, scorer, goal, requests, args.ks))
         meta.append({"text": goal.text, "parts": list(split_parts(goal.text)), "objects": goal.objects,
                      "kind": kind})  # fmt: skip

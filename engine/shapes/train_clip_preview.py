@@ -82,13 +82,15 @@ def spearman(x: np.ndarray, y: np.ndarray) -> float:
 class Data:
     """The recorded previews as tensors, and the goals' text embeddings (frozen text tower)."""
 
-    def __init__(self, path: Path) -> None:
-        d = np.load(path)
-        self.previews = d["previews"]  # (G, K, S, H, W, 3)
-        self.final_score = torch.from_numpy(d["final_score"]).float()  # (G, S)
-        self.ok = torch.from_numpy(d["ok"]).float()
-        self.ks = [int(k) for k in d["ks"]]
-        self.goals = json.loads(str(d["goals"]))
+    def __init__(self, paths: list[Path]) -> None:
+        files = [np.load(p) for p in paths]
+        if len({tuple(int(k) for k in d["ks"]) for d in files}) != 1:
+            raise ValueError("the data files record previews at different steps")
+        self.previews = np.concatenate([d["previews"] for d in files])  # (G, K, S, H, W, 3)
+        self.final_score = torch.from_numpy(np.concatenate([d["final_score"] for d in files])).float()
+        self.ok = torch.from_numpy(np.concatenate([d["ok"] for d in files])).float()  # (G, S)
+        self.ks = [int(k) for k in files[0]["ks"]]
+        self.goals = [g for d in files for g in json.loads(str(d["goals"]))]
 
     def teacher(self, g: int, bonus: float) -> torch.Tensor:
         return standardize(self.final_score[g] + bonus * self.ok[g])
@@ -124,7 +126,8 @@ def validate(model, data: Data, texts, goals: list[int]) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--data", type=Path, required=True)
+    ap.add_argument("--data", type=Path, nargs="+", required=True,
+                    help="preview_data files (several: their goals together)")
     ap.add_argument("--init", default="models/shapes-clip/open_clip_model.safetensors")
     ap.add_argument("--out", type=Path, default=Path("models/shapes-clip-preview"))
     ap.add_argument("--steps", type=int, default=1200)
