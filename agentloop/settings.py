@@ -44,6 +44,13 @@ class Settings(BaseSettings):
     extra_models: list[str] = Field(default_factory=list)
     """Hub ids or paths an operator makes available besides the presets (JSON list in the env)."""
 
+    preview_scorers: dict[str, str] = Field(default_factory=dict)
+    """Which scorer ranks the x0 previews when a fan-out is pruned mid-denoise, by the scorer
+    that judges the finished candidates (JSON object in the env, e.g.
+    ``{"shapes-clip": "shapes-clip-preview"}``). A scorer not listed, or whose preview scorer
+    does not resolve, ranks its own previews. The finished images are always judged by the
+    candidates' own scorer."""
+
     max_budget: int = 1024
     """Largest budget (generations) one goal may ask for."""
 

@@ -18,6 +18,12 @@ own pruning path (``Runner.generate(..., preview_scorer=...)``) on the first goa
 kind and checks it picks what the simulation picks. ``--record FILE`` keeps each collected goal,
 so a long run can resume, or be widened with more goals, without generating again.
 
+``--preview-scorer NAME`` (e.g. ``shapes-clip-preview``, or ``shapes-clip:<weights file>``)
+scores the previews a second time, with that scorer, in the same run: every pruned variant and
+rank correlation is then reported twice, previews ranked by ``--scorer`` and by the preview
+scorer, on the same candidates. The finished images are always ranked by ``--scorer``, and the
+engine check runs the recommended variant with the preview scorer.
+
 Cost: denoiser passes (transformer rows x steps) relative to best-of-16, W*k + m*(T-k) over
 16*T (every candidate of a goal has as many rows per step, so the ratio is the same with
 guidance and layouts). Rank correlations (Spearman, mean over goals) between preview score
@@ -27,6 +33,7 @@ rank.
     python -m bench.prune                # 30 goals per kind
     python -m bench.prune --quick        # 4 goals per kind
     python -m bench.prune --goals 12 --record /tmp/prune.jsonl
+    python -m bench.prune --preview-scorer shapes-clip-preview
 """
 
 from __future__ import annotations
@@ -71,6 +78,15 @@ class GoalRun:
     previews: dict[int, list[float]]
     final: list[float]
     ok: list[bool]
+    alt: dict[int, list[float]] | None = None
+    """Preview scores per step by the ``--preview-scorer``, when one is given."""
+
+    def by(self, alt: bool) -> GoalRun:
+        """This run with its previews ranked by the preview scorer (``alt``) or the scorer."""
+        if not alt:
+            return self
+        assert self.alt is not None
+        return replace(self, previews=self.alt)
 
 
 def requests_for(goal: world.Goal, index: int, n: int, model: str, defaults: dict) -> list[GenerationRequest]:
@@ -86,7 +102,7 @@ def requests_for(goal: world.Goal, index: int, n: int, model: str, defaults: dic
 
 
 def collect(runner: Runner, scorer: Scorer, goal: world.Goal, requests: list[GenerationRequest],
-            ks: list[int]) -> GoalRun:  # fmt: skip
+            ks: list[int], alt: Scorer | None = None) -> GoalRun:  # fmt: skip
     """Denoise ``requests`` to the end once, decoding the x0 previews at every k in ``ks``."""
     assert runner.loop is not None
     first = requests[0]
@@ -101,9 +117,11 @@ def collect(runner: Runner, scorer: Scorer, goal: world.Goal, requests: list[Gen
     asked = [ScoreRequest(goal.text, split_parts(goal.text))] * len(requests)
     score = preview_scorer(scorer, asked)
     positions = list(range(len(requests)))
+    alt_score = None if alt is None else preview_scorer(alt, asked)
     return GoalRun(
         goal, requests, {k: score(positions, p) for k, p in previews.items()},
         score(positions, images), [checker.check(im, goal.objects).all_ok for im in images],
+        None if alt_score is None else {k: alt_score(positions, p) for k, p in previews.items()},
     )
 
 
@@ -144,18 +162,19 @@ def cost(width: int, k: int | None, keep: int, steps: int) -> float:
 
 
 def engine_check(runner: Runner, scorer: Scorer, run: GoalRun, width: int, k: int,
-                 keep: int) -> bool:  # fmt: skip
-    """Run the variant through the engine's pruning path; True if it finishes the same
-    candidates and picks the same one as the simulation."""
+                 keep: int, previewer: Scorer | None = None) -> bool:  # fmt: skip
+    """Run the variant through the engine's pruning path (previews ranked by ``previewer``,
+    default the scorer); True if it finishes the same candidates and picks the same one as
+    the simulation."""
     group = [replace(r, prune_group="bench", prune_keep=keep, prune_at_step=k)
              for r in run.requests[:width]]  # fmt: skip
     asked = [ScoreRequest(run.goal.text, split_parts(run.goal.text))] * width
-    results = runner.generate(group, preview_scorer=preview_scorer(scorer, asked))
+    results = runner.generate(group, preview_scorer=preview_scorer(previewer or scorer, asked))
     kept = [i for i, r in enumerate(results) if not r.pruned]
     finals = scorer.score([results[i].image for i in kept], [asked[i] for i in kept])
     objective = [objective_of(s.clip_score, s.part_scores, asked[0].parts) for s in finals]
     chosen = kept[max(range(len(kept)), key=lambda j: (objective[j], -j))]
-    return chosen == pick(run, width, k, keep) and len(kept) == keep
+    return chosen == pick(run.by(previewer is not None), width, k, keep) and len(kept) == keep
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -165,6 +184,9 @@ def main(argv: list[str] | None = None) -> dict:
     )
     ap.add_argument("--model", default="shapes")
     ap.add_argument("--scorer", default="shapes-clip")
+    ap.add_argument("--preview-scorer", default=None,
+                    help="also rank the previews with this scorer (the finals stay ranked by "
+                         "--scorer); every pruned figure is then reported for both")
     ap.add_argument("--goals", type=int, default=30, help="held-out goals per kind")
     ap.add_argument("--seeds", type=int, default=32, help="candidates per goal (widest fan-out)")
     ap.add_argument("--ks", type=int, nargs="+", default=[2, 3, 4, 5, 6, 8])
@@ -182,6 +204,7 @@ def main(argv: list[str] | None = None) -> dict:
     steps = int(defaults["steps"])
     runner = Runner(args.model, EngineConfig(device="cpu", max_batch=64))
     scorer = Scorer(args.scorer, device="cpu")
+    alt = None if args.preview_scorer is None else Scorer(args.preview_scorer, device="cpu")
     rw, rk, rkeep = (int(v) for v in args.recommend.split(":"))
     start = time.perf_counter()
     runs: dict[int, list[GoalRun]] = {}
@@ -193,20 +216,59 @@ def main(argv: list[str] | None = None) -> dict:
         for gi, goal in enumerate(goals):
             requests = requests_for(goal, gi + 1000 * kind, args.seeds, args.model, defaults)
             key = json.dumps([goal.text, requests[0].seed, args.seeds, args.ks])
+            if alt is not None:  # a record holds one preview scorer's scores
+                key = json.dumps([goal.text, requests[0].seed, args.seeds, args.ks,
+                                  args.preview_scorer])  # fmt: skip
             if key in recorded:
                 run = GoalRun(goal, requests, *recorded[key])
             else:
-                run = collect(runner, scorer, goal, requests, args.ks)
+                run = collect(runner, scorer, goal, requests, args.ks, alt)
                 _save(args.record, key, run)
             runs[kind].append(run)
             print(f"  {kind}-object goal {gi + 1}/{n_goals}", file=sys.stderr, flush=True)
-        agree.append(engine_check(runner, scorer, runs[kind][0], rw, rk, rkeep))
+        agree.append(engine_check(runner, scorer, runs[kind][0], rw, rk, rkeep, alt))
     elapsed = time.perf_counter() - start
     best_of = {n for n in (4, 8, 9, 12, 16, 24, 32) if n <= args.seeds} | {args.seeds}
     variants: list[tuple[int, int | None, int]] = [(n, None, n) for n in sorted(best_of)]
     widths = sorted({w for w in WIDTHS if w <= args.seeds} | {args.seeds})
     variants += [(w, k, m) for w in widths for k in args.ks for m in KEEPS if m < w]
-    baseline = min(BASELINE, args.seeds)
+    rows, corr = evaluate(runs, variants, args.ks, min(BASELINE, args.seeds), steps)
+    _print(rows, corr, n_goals, args, steps)
+    alt_figures = {}
+    if alt is not None:
+        alt_runs = {kind: [r.by(True) for r in kind_runs] for kind, kind_runs in runs.items()}
+        alt_rows, alt_corr = evaluate(alt_runs, variants, args.ks, min(BASELINE, args.seeds),
+                                      steps)
+        print(f"\n=== previews ranked by the preview scorer {args.preview_scorer} "
+              f"(finals by {args.scorer}) ===")  # fmt: skip
+        _print(alt_rows, alt_corr, n_goals, args, steps)
+        alt_figures = {"preview_scorer": args.preview_scorer, "rows_preview_scorer": _rounded(alt_rows),
+                       "spearman_preview_scorer": _rounded_corr(alt_corr)}  # fmt: skip
+    print(f"\nengine pruning path ({args.recommend}) picks what the simulation picks: "
+          f"{sum(agree)}/{len(agree)} goals")  # fmt: skip
+    figures = {
+        "bench": "prune", "model": args.model, "scorer": args.scorer, "goals_per_kind": n_goals,
+        "seeds": args.seeds, "steps": steps, "seed": args.seed, "seconds": round(elapsed, 1),
+        "engine_agrees": f"{sum(agree)}/{len(agree)}",
+        "rows": _rounded(rows), "spearman": _rounded_corr(corr), **alt_figures,
+    }  # fmt: skip
+    print(json.dumps(figures))
+    return figures
+
+
+def _rounded(rows: list[dict]) -> list[dict]:
+    return [{k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()} for r in rows]
+
+
+def _rounded_corr(corr: dict) -> dict:
+    return {k: {n: None if math.isnan(v) else round(v, 4) for n, v in d.items()}
+            for k, d in corr.items()}  # fmt: skip
+
+
+def evaluate(runs: dict[int, list[GoalRun]], variants: list[tuple[int, int | None, int]],
+             ks: list[int], baseline: int, steps: int) -> tuple[list[dict], dict]:  # fmt: skip
+    """Every variant's checker success (per kind, mean, paired +/- against best-of-baseline),
+    and the rank correlations of preview scores, from the runs' previews."""
     all_runs = [r for kind in (1, 2) for r in runs[kind]]
     base_ok = [r.ok[pick(r, baseline, None, baseline)] for r in all_runs]
     rows = []
@@ -225,7 +287,7 @@ def main(argv: list[str] | None = None) -> dict:
         row["delta"] = row["acc_mean"] - base["acc_mean"]
     corr = {}
     for kind, kind_runs in runs.items():
-        for k in args.ks:
+        for k in ks:
             f = [spearman(r.previews[k], r.final) for r in kind_runs]
             c = [spearman(r.previews[k], [float(o) for o in r.ok]) for r in kind_runs]
             corr[f"{kind}obj_k{k}"] = {"preview_vs_final": _nanmean(f),
@@ -233,29 +295,20 @@ def main(argv: list[str] | None = None) -> dict:
         corr[f"{kind}obj_final"] = {
             "final_vs_checker": _nanmean([spearman(r.final, [float(o) for o in r.ok])
                                           for r in kind_runs])}  # fmt: skip
-    _print(rows, corr, n_goals, args, steps)
-    print(f"\nengine pruning path ({args.recommend}) picks what the simulation picks: "
-          f"{sum(agree)}/{len(agree)} goals")  # fmt: skip
-    figures = {
-        "bench": "prune", "model": args.model, "scorer": args.scorer, "goals_per_kind": n_goals,
-        "seeds": args.seeds, "steps": steps, "seed": args.seed, "seconds": round(elapsed, 1),
-        "engine_agrees": f"{sum(agree)}/{len(agree)}",
-        "rows": [{k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()} for r in rows],
-        "spearman": {k: {n: None if math.isnan(v) else round(v, 4) for n, v in d.items()}
-                     for k, d in corr.items()},  # fmt: skip
-    }  # fmt: skip
-    print(json.dumps(figures))
-    return figures
+    return rows, corr
 
 
-def _load(path: Path | None) -> dict[str, tuple[dict[int, list[float]], list[float], list[bool]]]:
-    """Recorded goals by key: preview scores per step, final scores, checker verdicts."""
+def _load(path: Path | None) -> dict[str, tuple]:
+    """Recorded goals by key: preview scores per step, final scores, checker verdicts, and
+    the preview scorer's preview scores (None without one)."""
     out = {}
     if path is not None and path.is_file():
         for line in path.read_text().splitlines():
             row = json.loads(line)
             previews = {int(k): v for k, v in row["previews"].items()}
-            out[row["key"]] = (previews, row["final"], row["ok"])
+            alt = row.get("alt")
+            alt = None if alt is None else {int(k): v for k, v in alt.items()}
+            out[row["key"]] = (previews, row["final"], row["ok"], alt)
     return out
 
 
@@ -263,7 +316,7 @@ def _save(path: Path | None, key: str, run: GoalRun) -> None:
     if path is not None:
         with path.open("a") as f:
             f.write(json.dumps({"key": key, "previews": run.previews, "final": run.final,
-                                "ok": run.ok}) + "\n")  # fmt: skip
+                                "ok": run.ok, "alt": run.alt}) + "\n")  # fmt: skip
 
 
 def _nanmean(values: list[float]) -> float:

@@ -12,6 +12,9 @@ Models:
 Scorers:
   - ``tiny-clip``: an open_clip model from a tiny registered config, seeded random weights;
   - ``shapes-clip``: the trained open_clip model in ``<models dir>/shapes-clip``;
+  - ``shapes-clip-preview``: shapes-clip with its image tower fine-tuned to rank partly
+    denoised x0 previews (`engine.shapes.train_clip_preview`): the image tower's weights in
+    ``<models dir>/shapes-clip-preview``, laid over shapes-clip's;
   - ``<open_clip model name>:<pretrained tag or weights file>``, e.g. ``ViT-B-32:laion2b_s34b_b79k``.
 """
 
@@ -36,8 +39,10 @@ PRESET_MODELS = ("tiny-unet", "tiny-dit")
 SHAPES_MODEL = "shapes"
 TINY_CLIP = "tiny-clip"
 SHAPES_CLIP = "shapes-clip"
+SHAPES_CLIP_PREVIEW = "shapes-clip-preview"
 SHAPES_CLIP_CONFIG = "shapes-clip.json"
 SHAPES_CLIP_WEIGHTS = "open_clip_model.safetensors"
+SHAPES_CLIP_PREVIEW_WEIGHTS = "visual.safetensors"
 
 
 class UnknownModelError(ValueError):
@@ -89,6 +94,9 @@ class ScorerSpec:
     """An open_clip pretrained tag, a weights file, or None for seeded random weights."""
     config_path: str | None = None
     """A JSON config to register with ``open_clip.add_model_config`` before creating the model."""
+    overlay: str | None = None
+    """A safetensors file of some of the model's weights, loaded over ``pretrained`` (every
+    tensor in it must name one of the model's)."""
 
 
 def models_dir() -> Path:
@@ -205,12 +213,17 @@ def resolve_scorer(name: str) -> ScorerSpec | None:
     """Resolve a scorer name to a spec, or None if it is not known."""
     if name == TINY_CLIP:
         return ScorerSpec(name, TINY_CLIP, None)
-    if name == SHAPES_CLIP:
+    if name in (SHAPES_CLIP, SHAPES_CLIP_PREVIEW):
         folder = models_dir() / SHAPES_CLIP
         config, weights = folder / SHAPES_CLIP_CONFIG, folder / SHAPES_CLIP_WEIGHTS
         if not (config.is_file() and weights.is_file()):
             return None
-        return ScorerSpec(name, config.stem, str(weights), str(config))
+        if name == SHAPES_CLIP:
+            return ScorerSpec(name, config.stem, str(weights), str(config))
+        overlay = models_dir() / SHAPES_CLIP_PREVIEW / SHAPES_CLIP_PREVIEW_WEIGHTS
+        if not overlay.is_file():
+            return None
+        return ScorerSpec(name, config.stem, str(weights), str(config), str(overlay))
     return _resolve_open_clip(name)
 
 
@@ -221,4 +234,4 @@ def is_known_scorer(name: str) -> bool:
 
 def known_scorers() -> list[str]:
     """Scorer names that resolve now (``<model>:<tag>`` names are open-ended and not listed)."""
-    return [n for n in (TINY_CLIP, SHAPES_CLIP) if is_known_scorer(n)]
+    return [n for n in (TINY_CLIP, SHAPES_CLIP, SHAPES_CLIP_PREVIEW) if is_known_scorer(n)]

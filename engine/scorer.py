@@ -105,7 +105,27 @@ def _create(spec: ScorerSpec) -> tuple[torch.nn.Module, Callable[[Image.Image], 
             f"could not load scorer {spec.name!r} (open_clip {spec.model_name!r}, "
             f"pretrained={spec.pretrained!r}); tagged weights need the network: {exc}"
         ) from exc
+    if spec.overlay is not None:
+        _load_overlay(model, spec)
     return model, preprocess
+
+
+def _load_overlay(model: torch.nn.Module, spec: ScorerSpec) -> None:
+    """Load ``spec.overlay`` over the model's weights; every tensor must fit one of them."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        state = load_file(spec.overlay)
+    except (OSError, SafetensorError) as exc:
+        raise ModelLoadError(f"could not read the weights {spec.overlay!r} of scorer "
+                             f"{spec.name!r}: {exc}") from exc  # fmt: skip
+    own = model.state_dict()
+    wrong = sorted(k for k, v in state.items() if k not in own or own[k].shape != v.shape)
+    if wrong or not state:
+        raise ModelLoadError(f"the weights {spec.overlay!r} of scorer {spec.name!r} do not fit "
+                             f"{spec.model_name!r}: {wrong[:5] or 'no tensors'}")  # fmt: skip
+    model.load_state_dict(state, strict=False)
 
 
 class Scorer:

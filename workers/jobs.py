@@ -215,8 +215,9 @@ def _generate_and_record(ctx: WorkerContext, token: str, claimed: list[Candidate
             judge = residency.scorer(scorer)
             t0 = time.perf_counter()
             if any(r.prune_group is not None for r in requests):
+                previewer = residency.scorer(preview_scorer_name(ctx.settings, scorer))
                 results = runner.generate(
-                    requests, preview_scorer=preview_scorer(judge, score_requests)
+                    requests, preview_scorer=preview_scorer(previewer, score_requests)
                 )
             else:
                 results = runner.generate(requests)
@@ -248,6 +249,21 @@ def _generate_and_record(ctx: WorkerContext, token: str, claimed: list[Candidate
                 files[cid].unlink(missing_ok=True)
         done.extend(recorded)
     return done
+
+
+def preview_scorer_name(settings: Settings, scorer: str) -> str:
+    """The scorer that ranks the previews of candidates judged by ``scorer``: the one
+    ``settings.preview_scorers`` names for it, when that resolves; else ``scorer`` itself."""
+    from engine.catalog import is_known_scorer
+
+    name = settings.preview_scorers.get(scorer)
+    if name is None or name == scorer:
+        return scorer
+    if not is_known_scorer(name):
+        log.warning("preview scorer %r for %r does not resolve; %r ranks its own previews",
+                    name, scorer, scorer)  # fmt: skip
+        return scorer
+    return name
 
 
 def preview_scorer(scorer: Scorer, requests: Sequence[ScoreRequest]) -> PreviewScorer:

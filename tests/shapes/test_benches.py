@@ -122,6 +122,25 @@ def test_prune_runs_resumes_and_agrees_with_the_engine(
     assert len(record.read_text().splitlines()) == 2
 
 
+def test_prune_ranks_previews_with_a_second_scorer(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--preview-scorer scores the previews again in the same run: with the scorer itself as
+    the preview scorer, both sets of figures agree; the engine check runs with it."""
+    record = tmp_path / "goals.jsonl"
+    argv = ["--goals", "1", "--seeds", "4", "--ks", "1", "2", "--recommend", "4:2:2",
+            "--preview-scorer", "shapes-clip", "--record", str(record)]  # fmt: skip
+    bench = _load("prune")
+    figures = bench.main(argv)
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == figures
+    assert figures["preview_scorer"] == "shapes-clip" and figures["engine_agrees"] == "2/2"
+    assert figures["rows_preview_scorer"] == figures["rows"]
+    assert figures["spearman_preview_scorer"] == figures["spearman"]
+    again = bench.main(argv)  # the record keeps the preview scorer's scores too
+    assert again["rows_preview_scorer"] == figures["rows_preview_scorer"]
+    assert len(record.read_text().splitlines()) == 2
+
+
 def test_steps_runs_and_pairs_against_the_reference(capsys: pytest.CaptureFixture[str]) -> None:
     steps = _load("steps")
     figures = steps.main(["--goals", "2", "--configs", "2:3:1", "2:1:0.5", "--reference", "2:3:1"])
