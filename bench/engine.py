@@ -196,8 +196,9 @@ def runner_rows(model: str, prompts: list[str], spec: dict[str, Any], base: Engi
     return rows, skipped
 
 
-def diffusers_caches(folder: str, steps: int) -> dict[str, Any]:
-    """diffusers' own caches worth trying on this model."""
+def diffusers_caches(folder: str, steps: int, magcache_file: str | None = None) -> dict[str, Any]:
+    """diffusers' own caches worth trying on this model (MagCache with the calibration in
+    ``magcache_file``, default the model folder's ``magcache.json``)."""
     from diffusers import FirstBlockCacheConfig, MagCacheConfig, TaylorSeerCacheConfig
 
     caches: dict[str, Any] = {
@@ -206,7 +207,7 @@ def diffusers_caches(folder: str, steps: int) -> dict[str, Any]:
     caches["taylorseer 3/4"] = TaylorSeerCacheConfig(
         cache_interval=3, disable_cache_before_step=4, taylor_factors_dtype=torch.float32
     )
-    file = magcache_path(folder)
+    file = Path(magcache_file) if magcache_file else magcache_path(folder)
     if file.is_file():
         ratios = load_mag_ratios(file)
         for t in (0.06, 0.12):
@@ -269,6 +270,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     help="leave these switches' own rows out (the all-on row keeps them)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--seed", type=int, default=0, help="held-out goal draw")
+    ap.add_argument("--magcache-file", default=None,
+                    help="MagCache calibration for the magcache rows (default: the model "
+                    "folder's magcache.json; `python -m engine.calibrate_magcache --out`)")
     args = ap.parse_args(argv)
     if args.quick:
         args.goals, args.repeats = min(args.goals, 24), 1
@@ -286,7 +290,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     goals = world.heldout_goals(args.goals, objects=1, seed=args.seed)
     prompts = [g.text for g in goals]
     batch = min(args.batch, len(prompts))
-    caches = diffusers_caches(folder, spec["steps"])
+    caches = diffusers_caches(folder, spec["steps"], args.magcache_file)
     wanted = args.caches
     if wanted is None and args.quick:
         wanted = ["first_block 0.1", "taylorseer 3/4", "magcache 0.12"]
