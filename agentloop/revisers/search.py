@@ -479,7 +479,7 @@ def failing_part(
 
 def _region_of(c: CandidateView, parts: tuple[str, ...], part: str) -> int | None:
     """The index of the region of `c`'s layout that draws `part` (None: no such region)."""
-    prompts = [prompt for prompt, _, _ in c.regions]
+    prompts = [entry[0] for entry in c.regions]  # (prompt, x, y) or (prompt, x, y, scale)
     if part in prompts:
         return prompts.index(part)
     if len(prompts) == len(parts) and part in parts:

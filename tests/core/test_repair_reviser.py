@@ -144,3 +144,17 @@ def test_repair_and_refine_are_off_by_default() -> None:
     default = SearchReviser().propose(ctx(s, history, n=8))
     explicit = SearchReviser(repair=False, refine=False).propose(ctx(s, history, n=8))
     assert default.candidates == explicit.candidates
+
+
+def test_a_layout_with_size_words_is_repaired_in_the_right_region() -> None:
+    """Size words give regions a fourth value, the scale ("a small ..." 0.85): the repair
+    target is still found by the region's prompt (this once raised on unpacking)."""
+    from agentloop.layout import plan_layout
+
+    plan = plan_layout(PARTS)
+    assert [len(entry) for entry in plan] == [4, 4]  # small: 0.85, large: 1.2
+    c = replace(cand(0, TWO, 1, 0.8, {PARTS[0]: 0.9, PARTS[1]: 0.4}),
+                params={"regions": [list(r) for r in plan]}, artifact_uri="g/c0-1.png")
+    p = SearchReviser(repair=True).propose(ctx(spec(TWO), [c], n=4))
+    repairs = [d for d in p.candidates if (d.edit or "").startswith("repair:")]
+    assert repairs and all(d.repair_region == 1 and d.regions == plan for d in repairs)
