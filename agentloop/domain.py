@@ -40,6 +40,7 @@ class StopReason(StrEnum):
     NO_IMPROVEMENT = "no_improvement"
     GENERATION_FAILED = "generation_failed"
     DISPATCH_FAILED = "dispatch_failed"
+    REVISER_FAILED = "reviser_failed"
     CLOSED_BY_CALLER = "closed_by_caller"
     CANCELLED_BY_CALLER = "cancelled_by_caller"
 

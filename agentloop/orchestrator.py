@@ -7,6 +7,7 @@ call finds the truth in the database and changes nothing.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Hashable
 from concurrent.futures import Future
@@ -32,6 +33,8 @@ from agentloop.parts import parts_of
 from agentloop.revisers import Proposal, Reviser, ReviserContext, get_reviser, objective
 from agentloop.settings import Settings
 from agentloop.store import IdempotencyClaim, Store, utcnow
+
+log = logging.getLogger(__name__)
 
 
 class IterationRejected(ValueError):
@@ -138,7 +141,11 @@ def step(
     if proposal is None:
         if defer_remote and getattr(reviser, "remote", False):
             raise RemoteProposalNeeded(reviser, ctx, key)
-        proposal = reviser.propose(ctx)
+        proposal, error = _propose(reviser, ctx)
+        if proposal is None:
+            d.goal_status, d.stop_reason = GoalStatus.FAILED, StopReason.REVISER_FAILED.value
+            d.error = error
+            return d
     if not proposal.candidates:
         if goal.status is not GoalStatus.WAITING:
             d.goal_status = GoalStatus.WAITING
@@ -147,6 +154,26 @@ def step(
     if goal.status is not GoalStatus.RUNNING:
         d.goal_status = GoalStatus.RUNNING
     return d
+
+
+def _propose(reviser: Reviser, ctx: ReviserContext) -> tuple[Proposal | None, str | None]:
+    """The reviser's proposal, or (None, why). A reviser is deterministic, so one that raises
+    would raise again on every retry and leave the goal stuck: a reviser other than ``search``
+    is replaced by ``search`` for this iteration (its notes say why); when ``search`` raises
+    too, the goal fails with the error."""
+    errors: list[str] = []
+    chain = (reviser,) if reviser.name == "search" else (reviser, get_reviser("search"))
+    for candidate in chain:
+        try:
+            proposal = candidate.propose(ctx)
+        except Exception as exc:  # noqa: BLE001 - a bug or a plug-in's failure, recorded
+            log.exception("reviser %s raised on goal %r", candidate.name, ctx.spec.goal)
+            errors.append(f"reviser {candidate.name} raised {type(exc).__name__}: {exc}")
+            continue
+        if errors:
+            proposal.notes = {**proposal.notes, "fallback": "search", "reviser_error": errors[0]}
+        return proposal, None
+    return None, "; ".join(errors)
 
 
 def _fit(drafts: list[CandidateDraft], n: int, left: int, steps: int) -> list[CandidateDraft]:

@@ -154,3 +154,48 @@ def test_max_iterations(store: Store, settings) -> None:  # noqa: ANN001
 
 def test_unknown_goal(store: Store) -> None:
     assert advance(store, "0" * 32) is None
+
+
+class _Raising:
+    """A reviser with a bug: it raises from its second iteration on."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def propose(self, ctx):  # noqa: ANN001, ANN201
+        if ctx.iteration >= 1:
+            raise KeyError("a bug in the reviser")
+        from agentloop.revisers import SearchReviser
+
+        return SearchReviser().propose(ctx)
+
+
+def test_a_reviser_that_raises_is_replaced_by_search_and_the_notes_say_why(
+    store: Store, settings, monkeypatch: pytest.MonkeyPatch,  # noqa: ANN001
+) -> None:
+    from agentloop import revisers
+
+    monkeypatch.setitem(revisers.REVISERS, "external", _Raising("external"))
+    goal_id = make_goal(store, settings, budget=8, fanout=4, reviser="external")
+    run_to_end(store, goal_id)
+    state = store.get_state(goal_id)
+    assert state.goal.status is GoalStatus.DONE and state.goal.stop_reason == StopReason.BUDGET_SPENT
+    assert "fallback" not in state.iterations[0].notes
+    assert state.iterations[1].notes["fallback"] == "search"
+    assert state.iterations[1].notes["reviser_error"] == (
+        "reviser external raised KeyError: 'a bug in the reviser'")
+
+
+def test_when_search_itself_raises_the_goal_fails_with_the_error_instead_of_sticking(
+    store: Store, settings, monkeypatch: pytest.MonkeyPatch,  # noqa: ANN001
+) -> None:
+    from agentloop import revisers
+
+    monkeypatch.setitem(revisers.REVISERS, "search", _Raising("search"))
+    goal_id = make_goal(store, settings, budget=8, fanout=4)
+    run_to_end(store, goal_id)
+    goal = store.get_goal(goal_id)
+    assert goal.status is GoalStatus.FAILED and goal.stop_reason == StopReason.REVISER_FAILED
+    assert goal.error == "reviser search raised KeyError: 'a bug in the reviser'"
+    assert store.count_candidates(goal_id) == 4  # the first iteration ran; nothing after
+    assert advance(store, goal_id).dispatch == []  # terminal: a later delivery changes nothing
