@@ -45,6 +45,7 @@ import math
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -168,16 +169,20 @@ def run_loops(store: Store, settings: Settings, residency: Residency, goals: lis
             for c in state.candidates
             if c.status is CandidateStatus.SUCCEEDED and c.artifact_uri
         )
-        out.append((image, state.goal.generations_reserved, passes, any_right))
+        moves = Counter((c.edit or "seed").split(":", 1)[0] for c in state.candidates)
+        out.append((image, state.goal.generations_reserved, passes, any_right, moves))
     return out
 
 
 def _share(c) -> float:  # noqa: ANN001 - a CandidateView
     """The share of a full generation's denoiser passes a candidate ran: k/T if its prune
-    group cut it after k of T steps, else all of them."""
-    if c.pruned_at_step is None:
-        return 1.0
-    return c.pruned_at_step / int(c.params["steps"])
+    group cut it after k of T steps; its strength if it started from an image (a repair or a
+    refinement runs that share of the schedule again); else all of them."""
+    if c.pruned_at_step is not None:
+        return c.pruned_at_step / int(c.params["steps"])
+    if c.params.get("init_image"):
+        return float(c.params.get("strength", 1.0))
+    return 1.0
 
 
 def evaluate(n_goals: int, kind: str, budgets: list[int], settings: Settings,
@@ -189,10 +194,12 @@ def evaluate(n_goals: int, kind: str, budgets: list[int], settings: Settings,
         loops = run_loops(store, settings, residency, goals, n, reviser)
         out[f"loop_{n}"] = sum(checker.check(im, g.objects).all_ok
                                for (im, *_), g in zip(loops, goals, strict=True)) / n_goals
-        out[f"loop_{n}_oracle"] = sum(any_right for *_, any_right in loops) / n_goals
+        out[f"loop_{n}_oracle"] = sum(any_right for _, _, _, any_right, _ in loops) / n_goals
         out[f"loop_{n}_selection_gap"] = out[f"loop_{n}_oracle"] - out[f"loop_{n}"]
-        out[f"loop_{n}_mean_generations"] = sum(used for _, used, _, _ in loops) / n_goals
-        out[f"loop_{n}_mean_passes"] = sum(passes for _, _, passes, _ in loops) / n_goals
+        out[f"loop_{n}_mean_generations"] = sum(used for _, used, *_ in loops) / n_goals
+        out[f"loop_{n}_mean_passes"] = sum(passes for _, _, passes, *_ in loops) / n_goals
+        moves = sum((m for *_, m in loops), Counter())
+        out[f"loop_{n}_moves_per_goal"] = {k: round(v / n_goals, 2) for k, v in sorted(moves.items())}
         print(f"  {kind} goals, N={n}: {out}", file=sys.stderr, flush=True)
     if not baselines:
         return out

@@ -46,6 +46,9 @@ def test_loop_quality_runs_and_lays_out_two_object_goals(
     assert one["loop_2_mean_passes"] == 2.0  # one object: nothing to lay out
     assert two["loop_2_mean_passes"] == 4.0  # two placed objects: two layout images, 2 regions each
     assert two["loop_2_passes_matched_m"] == 4
+    # what the loop spent its generations on, per goal
+    assert one["loop_2_moves_per_goal"] == {"seed": 2.0}
+    assert two["loop_2_moves_per_goal"] == {"layout": 2.0}
     for kind in (one, two):
         assert kind["loop_2"] <= kind["loop_2_oracle"]
         assert kind["loop_2_selection_gap"] == pytest.approx(kind["loop_2_oracle"] - kind["loop_2"])
@@ -180,3 +183,14 @@ def test_repair_runs(capsys: pytest.CaptureFixture[str]) -> None:
                                     "fresh layout sample"}
     assert 0 <= figures["one_part_wrong"] <= 2 and 0.0 <= figures["layout_right"] <= 1.0
     assert set(figures["gap_sweep"]) == {"0.05", "0.1", "0.15", "0.2", "0.3"}
+
+
+def test_loop_quality_counts_a_repair_or_refinement_at_its_strength() -> None:
+    from types import SimpleNamespace
+
+    share = _load("loop_quality")._share
+    plain = SimpleNamespace(pruned_at_step=None, params={"steps": 8})
+    repair = SimpleNamespace(pruned_at_step=None,
+                             params={"steps": 8, "init_image": "g/c0-1.png", "strength": 0.7})
+    pruned = SimpleNamespace(pruned_at_step=2, params={"steps": 8})
+    assert (share(plain), share(repair), share(pruned)) == (1.0, 0.7, 0.25)
