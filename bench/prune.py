@@ -50,8 +50,6 @@ import numpy as np
 import torch
 
 from agentloop.domain import split_parts
-from agentloop.layout import plan_layout
-from agentloop.revisers import derive_seed
 from agentloop.revisers.base import objective_of
 from engine.config import EngineConfig
 from engine.defaults import model_defaults
@@ -59,7 +57,8 @@ from engine.denoise import DenoiseBatch, DenoiseStep, decode, decode_x0
 from engine.runner import Runner
 from engine.scorer import Scorer
 from engine.shapes import checker, world
-from engine.types import GenerationRequest, Region, ScoreRequest
+from engine.shapes.preview_data import requests_for  # the reviser's first iteration, one copy
+from engine.types import GenerationRequest, ScoreRequest
 from workers.jobs import preview_scorer
 
 BASELINE = 16
@@ -87,18 +86,6 @@ class GoalRun:
             return self
         assert self.alt is not None
         return replace(self, previews=self.alt)
-
-
-def requests_for(goal: world.Goal, index: int, n: int, model: str, defaults: dict) -> list[GenerationRequest]:
-    """The reviser's first iteration for ``goal``: its layout where it has one."""
-    layout = plan_layout(split_parts(goal.text)) or ()
-    regions = tuple(Region(*entry) for entry in layout)
-    return [
-        GenerationRequest(goal.text, seed=derive_seed(index, 0, j), width=world.IMAGE_SIZE,
-                          height=world.IMAGE_SIZE, steps=int(defaults["steps"]),
-                          guidance=float(defaults["guidance"]), model=model, regions=regions)
-        for j in range(n)
-    ]  # fmt: skip
 
 
 def collect(runner: Runner, scorer: Scorer, goal: world.Goal, requests: list[GenerationRequest],
