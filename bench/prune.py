@@ -53,11 +53,10 @@ from agentloop.domain import split_parts
 from agentloop.revisers.base import objective_of
 from engine.config import EngineConfig
 from engine.defaults import model_defaults
-from engine.denoise import DenoiseBatch, DenoiseStep, decode, decode_x0
 from engine.runner import Runner
 from engine.scorer import Scorer
 from engine.shapes import checker, world
-from engine.shapes.preview_data import requests_for  # the reviser's first iteration, one copy
+from engine.shapes.preview_data import denoise_with_previews, requests_for
 from engine.types import GenerationRequest, ScoreRequest
 from workers.jobs import preview_scorer
 
@@ -91,16 +90,7 @@ class GoalRun:
 def collect(runner: Runner, scorer: Scorer, goal: world.Goal, requests: list[GenerationRequest],
             ks: list[int], alt: Scorer | None = None) -> GoalRun:  # fmt: skip
     """Denoise ``requests`` to the end once, decoding the x0 previews at every k in ``ks``."""
-    assert runner.loop is not None
-    first = requests[0]
-    previews: dict[int, list] = {}
-
-    def record(step: DenoiseStep, _batch: DenoiseBatch) -> None:
-        if step.index + 1 in ks:
-            previews[step.index + 1] = decode_x0(runner.pipe, step, first.height, first.width)
-
-    final = runner.loop.run(runner.denoise_batch(requests), first.steps, record)
-    images = decode(runner.pipe, final.latents, first.height, first.width)
+    previews, images = denoise_with_previews(runner, requests, ks)
     asked = [ScoreRequest(goal.text, split_parts(goal.text))] * len(requests)
     score = preview_scorer(scorer, asked)
     positions = list(range(len(requests)))

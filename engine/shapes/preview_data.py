@@ -75,9 +75,11 @@ def objectives(scorer: Scorer, goal: world.Goal, images: list) -> list[float]:
     return [objective_of(r.clip_score, r.part_scores, parts) for r in results]
 
 
-def collect_goal(runner: Runner, scorer: Scorer, goal: world.Goal, requests: list[GenerationRequest],
-                 ks: list[int]) -> tuple[np.ndarray, np.ndarray, list[float], list[bool]]:  # fmt: skip
-    """Previews (ks, seeds, H, W, 3), finished images (seeds, H, W, 3), their scores, verdicts."""
+def denoise_with_previews(
+    runner: Runner, requests: list[GenerationRequest], ks: list[int]
+) -> tuple[dict[int, list], list]:
+    """Denoise ``requests`` to the end once as one batch: the x0 previews decoded after every
+    step k in ``ks`` (k -> one image per request) and the finished images."""
     assert runner.loop is not None
     first = requests[0]
     previews: dict[int, list] = {}
@@ -87,7 +89,13 @@ def collect_goal(runner: Runner, scorer: Scorer, goal: world.Goal, requests: lis
             previews[step.index + 1] = decode_x0(runner.pipe, step, first.height, first.width)
 
     final = runner.loop.run(runner.denoise_batch(requests), first.steps, record)
-    images = decode(runner.pipe, final.latents, first.height, first.width)
+    return previews, decode(runner.pipe, final.latents, first.height, first.width)
+
+
+def collect_goal(runner: Runner, scorer: Scorer, goal: world.Goal, requests: list[GenerationRequest],
+                 ks: list[int]) -> tuple[np.ndarray, np.ndarray, list[float], list[bool]]:  # fmt: skip
+    """Previews (ks, seeds, H, W, 3), finished images (seeds, H, W, 3), their scores, verdicts."""
+    previews, images = denoise_with_previews(runner, requests, ks)
     as_array = lambda ims: np.stack([np.asarray(im.convert("RGB")) for im in ims])  # noqa: E731
     return (
         np.stack([as_array(previews[k]) for k in ks]), as_array(images),
