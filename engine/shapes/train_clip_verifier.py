@@ -223,6 +223,7 @@ def train(args: argparse.Namespace) -> None:
         picked = rng.sample(train_idx, min(args.goals_per_step, len(train_idx)))
         if part_idx and args.part_weight > 0:
             picked += rng.sample(part_idx, min(args.goals_per_step // 2, len(part_idx)))
+            picked = list(dict.fromkeys(picked))  # a goal drawn twice is scored once
         loss_sel, loss_part, n_sel, n_part = torch.zeros(()), torch.zeros(()), 0, 0
         for i in picked:
             goal = goals[i]

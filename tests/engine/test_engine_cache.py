@@ -382,11 +382,12 @@ def test_shapes_default_row_cache_skips_and_stays_close() -> None:
     # close on nearly every goal; a skip may tip one goal of eight into another drawing (on
     # the shipped weights one does, at 11 dB), which must then be as right as the uncached one
     assert sum(p >= SHAPES_PSNR_DB for p in psnrs) >= 7, psnrs
-    right = [checker.check(Image.fromarray(im.astype(np.uint8)), g.objects).all_ok
-             for im, g in zip(cached, goals, strict=True)]  # fmt: skip
-    plain_right = [checker.check(Image.fromarray(im.astype(np.uint8)), g.objects).all_ok
-                   for im, g in zip(plain, goals, strict=True)]  # fmt: skip
-    assert sum(right) >= sum(plain_right), (right, plain_right)
+
+    def right(stack: np.ndarray) -> list[bool]:
+        return [checker.check(Image.fromarray(im.astype(np.uint8)), g.objects).all_ok
+                for im, g in zip(stack, goals, strict=True)]  # fmt: skip
+
+    assert sum(right(cached)) >= sum(right(plain)), (right(cached), right(plain))
 
 
 def test_own_loop_truncation_keeps_the_conditional_rows_state(cpu_config: EngineConfig) -> None:
