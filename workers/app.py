@@ -13,9 +13,11 @@ from __future__ import annotations
 from celery import Celery
 
 from agentloop.settings import get_settings
+from workers import broker
 
 
 def make_app() -> Celery:
+    broker.install()  # a worker survives a Redis restart mid-task (see workers/broker.py)
     settings = get_settings()
     app = Celery("agentloop", broker=settings.broker_url or "redis://127.0.0.1:6379/0")
     visibility = {"visibility_timeout": settings.visibility_timeout}

@@ -29,6 +29,14 @@ def test_has_every_service_with_a_healthcheck() -> None:
     assert SERVICES["migrate"]["restart"] == "no"
 
 
+def test_every_long_running_service_restarts_when_it_exits() -> None:
+    """A worker that dies (a crash, an out-of-memory kill, a library bug on a broker restart)
+    must come back by itself: the sweep can only repair what a live worker runs."""
+    for name, service in SERVICES.items():
+        if name != "migrate":
+            assert service.get("restart") in ("unless-stopped", "always"), name
+
+
 def test_commands_match_the_cli_and_celery_app() -> None:
     from agentloop.cli import app as cli
 

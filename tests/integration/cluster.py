@@ -239,6 +239,8 @@ class Cluster:
     """The Celery app module generation workers load (a test may inject a fault through one)."""
     procs: dict[str, Proc] = field(default_factory=dict)
     counters: dict[str, int] = field(default_factory=dict)
+    killed: set[str] = field(default_factory=set)
+    """Processes the test killed (the others must stay up through any fault)."""
 
     def __post_init__(self) -> None:
         self.logs = self.tmp / "logs"
@@ -319,8 +321,15 @@ class Cluster:
     def kill(self, name_or_role: str) -> Proc:
         """SIGKILL a process group, by name (gen1) or the current one of a role (gen)."""
         proc = self.procs.get(name_or_role) or self.current(name_or_role)
+        self.killed.add(proc.name)
         _kill_group(proc.popen)
         return proc
+
+    def exited(self) -> dict[str, int | None]:
+        """Processes that exited on their own (not killed by the test), with their exit codes:
+        a fault must cost a worker a reconnect, never its life."""
+        return {name: p.popen.returncode for name, p in self.procs.items()
+                if name not in self.killed and not p.alive()}
 
     def freeze_pool(self, name_or_role: str) -> list[int]:
         """SIGSTOP a worker's pool processes (not its main process, which keeps reserving
@@ -413,7 +422,8 @@ class Cluster:
             wait_for(ended, timeout, "every goal to end", interval=0.5)
         except AssertionError as exc:
             raise AssertionError(f"{exc}; goal statuses: {last}; candidates: "
-                                 f"{self.candidate_summary(ids)}") from None
+                                 f"{self.candidate_summary(ids)}; processes that exited on "
+                                 f"their own: {self.exited()}") from None
         return last
 
     # the database ----------------------------------------------------------------------
@@ -453,7 +463,8 @@ class Cluster:
         or running (allowed `settle` seconds: a cancelled goal's running batch may finish);
         generations_reserved <= budget and equals its candidate rows; no duplicate
         (goal, iteration, ordinal); attempts <= max_attempts; each succeeded candidate has
-        its artifact file and exactly one file of its own; no other file in the goal's folder.
+        its artifact file and exactly one file of its own; no other file in the goal's folder;
+        and no process exited on its own (a fault costs a worker a reconnect, not its life).
         """
         def settled() -> bool:
             goals = self.rows("SELECT id, status FROM goals")
@@ -484,6 +495,8 @@ class Cluster:
                 problems.append(f"candidate {c['id']} of goal {c['goal_id']} is {c['status']}")
             if c["attempts"] > MAX_ATTEMPTS:
                 problems.append(f"candidate {c['id']} took {c['attempts']} attempts > {MAX_ATTEMPTS}")
+        for name, code in self.exited().items():
+            problems.append(f"{name} exited on its own (code {code}):\n{_tail(self.procs[name].log, 1500)}")
         assert not problems, "invariants violated:\n  " + "\n  ".join(problems)
 
     def _artifact_problems(self, goal_id: str, cands: list[dict[str, Any]]) -> list[str]:
