@@ -37,6 +37,11 @@ on the region's prompt; cosines, higher is better):
   verified-blank  the same with the blank view counted among the negatives
   goal-contrast   whole - the best cos(image, goal with one part's subject swapped for a
                   negative)
+  crop-min        the weakest part's cos(zoomed view, the part's subject): its region view
+                  cropped to a square around the part's anchor and scaled up to the image's
+                  size (`zoom_view`), judged on the subject alone (no place words)
+  crop-parts      0.5 * (whole + crop-min)
+  crop-mix        0.5 * whole + 0.25 * (weakest part on its region + crop-min)
 
     python bench/selection.py                      # 20 goals of 2 objects, 16 samples each
     python bench/selection.py --objects 2,3 --goals 40 --record /tmp/sel.jsonl
@@ -76,7 +81,8 @@ from engine.shapes import checker, world
 from engine.types import GenerationRequest, Region
 
 OBJECTIVES = (
-    "whole", "parts-region", "region-min", "parts-mean", "parts-mix", "margin-min", "prob-min", "logprob-sum",
+    "whole", "parts-region", "crop-min", "crop-parts", "crop-mix",
+    "region-min", "parts-mean", "parts-mix", "margin-min", "prob-min", "logprob-sum",
     "presence-min", "contrast-min", "whole+margin", "parts+margin", "verified",
     "verified-blank", "goal-contrast",
 )
@@ -170,12 +176,16 @@ def features(scorer: Scorer, rec: dict[str, Any]) -> dict[str, np.ndarray]:
                  for s in contrast_subjects(p.subject, [q.subject for i, q in enumerate(parts) if i != k])]
     images = rec["images"]
     views = [v for im in images for v in region_views(im, regions)]
+    crops = [zoom_view(v, regions[k % len(regions)]) for k, v in enumerate(views)]
     blanks = [Image.new("RGB", im.size, tuple(int(c) for c in np.rint(background_of(im))))
               for im in images]
-    emb = scorer._encode_images([*images, *views, *blanks])
+    emb = scorer._encode_images([*images, *views, *blanks, *crops])
     n, p = len(images), len(parts)
-    whole, view, blank = emb[:n], emb[n:n + n * p].reshape(n, p, -1), emb[n + n * p:]
-    all_texts = sorted({rec["text"], *texts, *(t for ns in negatives for t in ns), *goal_negs})
+    whole, view = emb[:n], emb[n:n + n * p].reshape(n, p, -1)
+    blank, crop = emb[n + n * p:2 * n + n * p], emb[2 * n + n * p:].reshape(n, p, -1)
+    subjects = [q.subject for q in parts]
+    all_texts = sorted({rec["text"], *texts, *subjects, *(t for ns in negatives for t in ns),
+                        *goal_negs})
     temb = scorer._encode_texts(all_texts)
     t = lambda s: temb[s]  # noqa: E731
     own = torch.stack([view[:, k] @ t(texts[k]) for k in range(p)], 1)  # n x p
@@ -184,12 +194,29 @@ def features(scorer: Scorer, rec: dict[str, Any]) -> dict[str, np.ndarray]:
     return {
         "whole": (whole @ t(rec["text"])).numpy(),
         "own": own.numpy(),
+        "crop": torch.stack([crop[:, k] @ t(subjects[k]) for k in range(p)], 1).numpy(),
         "neg": [x.numpy() for x in neg],
         "blank": torch.stack([blank @ t(texts[k]) for k in range(p)], 1).numpy(),
         "goal_neg": (torch.stack([whole @ t(s) for s in goal_negs], 1).numpy() if goal_negs
                      else np.full((n, 1), -1.0)),
         "scale": float(scorer.model.logit_scale.exp().clamp(max=100)),
     }
+
+
+ZOOM_SIDE = 0.5
+"""The zoomed view's side, as a fraction of the image's (times the region's scale)."""
+
+
+def zoom_view(view: Image.Image, region: Region) -> Image.Image:
+    """A square of ``view`` around the region's anchor, ``ZOOM_SIDE`` times the region's scale
+    of the image's side (kept inside the image), scaled back up to the image's size: the
+    part drawn with as many of the scorer's pixels as the whole image gets."""
+    w, h = view.size
+    side = min(1.0, max(0.3, ZOOM_SIDE * region.scale))
+    x0 = min(max(region.x - side / 2, 0.0), 1.0 - side)
+    y0 = min(max(region.y - side / 2, 0.0), 1.0 - side)
+    box = (x0 * w, y0 * h, (x0 + side) * w, (y0 + side) * h)
+    return view.resize((w, h), Image.Resampling.BICUBIC, box=box)
 
 
 def objectives(f: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -206,9 +233,13 @@ def objectives(f: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     verified = own - np.maximum(0.0, best_neg - own)
     verified_blank = own - np.maximum(0.0, np.maximum(best_neg, blank) - own)
     parts_region = 0.5 * (whole + own.min(1))
+    crop = f["crop"]
     return {
         "whole": whole,
         "parts-region": parts_region,
+        "crop-min": crop.min(1),
+        "crop-parts": 0.5 * (whole + crop.min(1)),
+        "crop-mix": 0.5 * whole + 0.25 * (own.min(1) + crop.min(1)),
         "region-min": own.min(1),
         "parts-mean": 0.5 * (whole + own.mean(1)),
         "parts-mix": 0.5 * whole + 0.25 * (own.min(1) + own.mean(1)),
@@ -275,10 +306,11 @@ def rank(scorer: Scorer, records: list[dict[str, Any]]) -> dict[int, dict[str, A
         f = features(scorer, rec)
         values = objectives(f)
         ok_parts = np.array(rec["objects_ok"], dtype=bool)
-        sig = signals.setdefault(rec["objects_n"], {"own": [], "margin": []})
+        sig = signals.setdefault(rec["objects_n"], {"own": [], "margin": [], "crop": []})
         for k in range(ok_parts.shape[1]):
             sig["own"].append((f["own"][:, k], ok_parts[:, k]))
             sig["margin"].append((f["own"][:, k] - f["neg"][k].max(1), ok_parts[:, k]))
+            sig["crop"].append((f["crop"][:, k], ok_parts[:, k]))
         margins.setdefault(rec["objects_n"], []).extend(
             m for image in rec["images"] for m in shape_margins(image, rec["objects"]))
         row = by_kind.setdefault(rec["objects_n"], {n: [] for n in (*OBJECTIVES, "oracle", "one")})
@@ -363,7 +395,8 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"{name:<15} {r[name]:>12.3f} {r['oracle']:>7.3f} "
                   f"{100 * (r['oracle'] - r[name]):>13.1f}" + ("  (the loop's)" if name == SHIPPED else ""))
         print(f"part AUROC (within goal, right vs wrong object by the checker): own text on its "
-              f"region {r['part_auroc']['own']}, contrast margin {r['part_auroc']['margin']}")
+              f"region {r['part_auroc']['own']}, contrast margin {r['part_auroc']['margin']}, "
+              f"subject on the zoomed view {r['part_auroc']['crop']}")
         close = r["judge_close_calls"]
         print(f"the checker's own close calls (soft IoU of the asked shape within 0.05 of another): "
               f"{close['right_shapes_within_0.05']} of right shapes, "
