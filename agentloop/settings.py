@@ -100,6 +100,15 @@ class Settings(BaseSettings):
     """Reserved for `bench/queue.py`: workers skip denoising and CLIP (a flat image, a score
     derived from the prompt), so the queue itself is what is measured. Never for real goals."""
 
+    engine_compile: Literal["auto", "on", "off"] = "auto"
+    """Regional compilation of the denoiser (`EngineConfig.compile`). "auto": a Celery worker
+    compiles on every device (it lives for thousands of generations; the first batches pay
+    the compile once, about 40 s on a CPU with Inductor's disk cache cold and a few seconds
+    with it warm, and every later batch runs about 1.25x faster on the shipped model,
+    docs/benchmarks.md); the embedded runtime and the CLI leave it to the engine (on for
+    CUDA, off on a CPU, where a short run would not earn the compile back). "on" / "off":
+    everywhere."""
+
     generation_batch: int = 16
     """Most candidates in one generation task message."""
 

@@ -13,7 +13,9 @@ default steps, guidance (true CFG against the empty prompt) and size.
 - ``runner ...``: the engine's runner (``max_batch = --batch``) with every switch off, each
   switch alone, and all of them together (``ALL``). Rows are ``EngineConfig`` keyword
   arguments (``SWITCHES``); a switch this build's EngineConfig does not have is reported as
-  missing and its row skipped, so the table grows as switches land.
+  missing and its row skipped, so the table grows as switches land. ``runner, worker
+  defaults`` is what a Celery worker runs by default: the engine's defaults plus regional
+  compilation (``AGENTLOOP_ENGINE_COMPILE=auto``); its warm-up pays the compile.
 
 Columns: images/s (median over ``--repeats`` interleaved rounds) and its ratio to vanilla;
 transformer calls per image and the share of block work done (rows entering the blocks'
@@ -59,6 +61,7 @@ from engine.types import GenerationRequest, ScoreRequest  # noqa: E402
 
 OFF: dict[str, Any] = {
     "own_loop": False, "cfg_truncation": 1.0, "text_embedding_cache": False, "step_cache": "none",
+    "compile": False,
 }  # fmt: skip
 """Every switch off: the runner's unoptimized path (fields this build lacks are left out)."""
 
@@ -67,11 +70,16 @@ SWITCHES: dict[str, dict[str, Any]] = {
     "own loop": {"own_loop": True},
     "cfg truncation": {"own_loop": True, "cfg_truncation": 0.75},
     "step cache": {"step_cache": "agentloop"},
+    "compile": {"compile": True},
 }
 """One row per switch (EngineConfig kwargs on top of OFF); add a line for a new switch."""
 
-ALL: dict[str, Any] = {k: v for kwargs in SWITCHES.values() for k, v in kwargs.items()}
-"""Every switch on together."""
+ALL: dict[str, Any] = {
+    k: v for name, kwargs in SWITCHES.items() if name != "compile" for k, v in kwargs.items()
+}
+"""Every switch on together, but compilation (its own row and the worker defaults row have
+it: a step cache's per-step decisions would break the compiled graphs, and the row would
+not compare with the earlier all-on figures)."""
 
 ALL_ON: dict[str, Any] = OFF | ALL
 
@@ -100,16 +108,27 @@ class Row:
 
 
 class Meter:
-    """Transformer calls and block rows (rows entering each block's attention q projection)."""
+    """Transformer calls and block rows (rows entering each block's attention q projection).
+
+    In compiled blocks a hook would be traced into the graph (and pin the batch size), so
+    there every call counts its rows once per block: no cache runs beside compilation in
+    these rows, so every block sees every row."""
 
     def __init__(self, transformer: torch.nn.Module) -> None:
         self.calls = self.work = 0
-        transformer.register_forward_pre_hook(self._call)
-        for block in _blocks(transformer):
-            block.attn.to_q.register_forward_pre_hook(self._rows)
+        blocks = _blocks(transformer)
+        self.compiled = sum(getattr(b, "_compiled_call_impl", None) is not None for b in blocks)
+        self.blocks = len(blocks)
+        transformer.register_forward_pre_hook(self._call, with_kwargs=True)
+        if not self.compiled:
+            for block in blocks:
+                block.attn.to_q.register_forward_pre_hook(self._rows)
 
-    def _call(self, *_: Any) -> None:
+    def _call(self, _module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
         self.calls += 1
+        if self.compiled:
+            hidden = kwargs.get("hidden_states", args[0] if args else None)
+            self.work += int(hidden.shape[0]) * self.blocks
 
     def _rows(self, _module: torch.nn.Module, args: tuple) -> None:
         self.work += int(args[0].shape[0])
@@ -221,8 +240,9 @@ def diffusers_caches(folder: str, steps: int, magcache_file: str | None = None) 
 def measure(rows: list[Row], repeats: int) -> None:
     """Rounds of every row in turn (interleaved), the first keeping the images and counts."""
     n = rows[0].size
-    for row in rows:  # warm-up (first-call allocations), and the meters
+    for row in rows:  # warm-up (first-call allocations, compilation), and the meters
         row.run(min(2, n))
+        row.run(min(n, 26))  # a full batch too: a compiled row compiles a second shape
         row.meter = Meter(row.transformer)  # type: ignore[attr-defined]
     for rep in range(repeats):
         for row in rows:
@@ -306,6 +326,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if default_steps != spec["steps"]:
         # everything the engine does by default, at the model's default (fewer) steps
         configs[f"runner, defaults ({default_steps} steps)"] = {STEPS: default_steps}
+    # what a Celery worker runs by default (AGENTLOOP_ENGINE_COMPILE=auto compiles there)
+    configs[f"runner, worker defaults ({default_steps} steps)"] = {STEPS: default_steps, "compile": True}
     start = time.perf_counter()
     rows = vanilla_rows(folder, prompts, spec, batch, caches)
     ours, skipped = runner_rows(args.model, prompts, spec, base, configs)
@@ -335,20 +357,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     best = max(eligible, key=lambda n: figures[n]["images_per_s"], default=None)
     targets: dict[str, Any] = {"diffusers_best": best}
     defaults_row = next((n for n in figures if n.startswith("runner, defaults")), None)
-    for key, name in (("defaults", defaults_row), ("all_on", "runner, all on")):
+    worker_row = next((n for n in figures if n.startswith("runner, worker defaults")), None)
+    for key, name in (("defaults", defaults_row), ("worker_defaults", worker_row), ("all_on", "runner, all on")):
         if name in figures:
             targets[key] = _against_targets(name, figures, base_acc, best)
 
     print(f"\n{args.model}, {len(prompts)} held-out one-object goals, {spec['steps']} steps, "
           f"CFG {spec['guidance']}, {spec['size']}px, batch {batch}, median of {args.repeats} "
           f"round(s), {torch.get_num_threads()} torch threads, device cpu\n")  # fmt: skip
-    header = (f"{'row':<32}{'img/s':>8}{'x vanilla':>10}{'calls/img':>10}{'work':>7}"
+    header = (f"{'row':<36}{'img/s':>8}{'x vanilla':>10}{'calls/img':>10}{'work':>7}"
               f"{'PSNR dB':>9}{'accuracy':>9}{'CLIPScore':>10}")  # fmt: skip
     print(header)
     print("-" * len(header))
     for name, f in figures.items():
         mark = "  <- diffusers best" if name == best else ""
-        print(f"{name:<32}{f['images_per_s']:>8.3f}{f['speedup']:>10.2f}{f['calls_per_image']:>10.2f}"
+        print(f"{name:<36}{f['images_per_s']:>8.3f}{f['speedup']:>10.2f}{f['calls_per_image']:>10.2f}"
               f"{f['work']:>7.2f}{f['psnr_db']:>9.1f}{f['accuracy']:>9.3f}{f['clip_score']:>10.4f}{mark}")  # fmt: skip
     for note in skipped:
         print(f"skipped: {note}")

@@ -65,7 +65,11 @@ def apply_speedups(pipe: Any, resolved: ResolvedEngine) -> dict[str, Any]:
             "not the attention backend"
         )
     if resolved.compile:
-        _compile_repeated_blocks(denoiser, report)
+        missing = missing_compiler(resolved.device_type)
+        if missing:
+            report["errors"]["compile"] = missing
+        else:
+            _compile_repeated_blocks(denoiser, report)
     if report["errors"]:
         log.warning("engine speed-ups skipped: %s", report["errors"])
     return report
@@ -133,6 +137,21 @@ def _apply_attention_backend(denoiser: torch.nn.Module, name: str, report: dict[
             "the attention backend does not apply"
         )
         report["attention_backend"] = "native"
+
+
+def missing_compiler(device_type: str) -> str | None:
+    """Why Inductor could not build code for ``device_type`` here, or None. On a CPU it
+    compiles C++ with ``$CXX`` (default g++); without one, every compiled block would fail on
+    its first call and fall back, so compilation is not turned on at all."""
+    if device_type != "cpu":
+        return None
+    import os
+    import shutil
+
+    cxx = os.environ.get("CXX") or "g++"
+    if shutil.which(cxx) is None:
+        return f"no C++ compiler ({cxx!r} not on PATH) for Inductor on the CPU: running eagerly"
+    return None
 
 
 def _compile_repeated_blocks(denoiser: torch.nn.Module, report: dict[str, Any]) -> None:

@@ -53,10 +53,15 @@ class Residency:
         self._scorers: _LRU[Any] = _LRU(capacity, self._build_scorer)
 
     @classmethod
-    def for_settings(cls, settings: Settings) -> Residency:
-        """The residency these settings ask for: their extra models, and the no-op engine
-        when `engine_noop` is on."""
-        return cls(extra_models=tuple(settings.extra_models), noop=settings.engine_noop)
+    def for_settings(cls, settings: Settings, worker: bool = False) -> Residency:
+        """The residency these settings ask for: their extra models, compilation
+        (`engine_compile`; "auto" compiles in a long-lived Celery ``worker``), and the no-op
+        engine when `engine_noop` is on."""
+        compile_ = {"on": True, "off": False}.get(settings.engine_compile, True if worker else None)
+        return cls(
+            EngineConfig(compile=compile_), extra_models=tuple(settings.extra_models),
+            noop=settings.engine_noop,
+        )  # fmt: skip
 
     def runner(self, model: str):  # noqa: ANN201 - engine.runner.Runner, imported lazily
         return self._runners.get(model)

@@ -56,7 +56,7 @@ def worker_context() -> WorkerContext:
             _ctx = WorkerContext(
                 store=Store(settings.resolved_database_url(), settings.db_connect_timeout),
                 dispatcher=CeleryDispatcher(app),
-                settings=settings, residency=Residency.for_settings(settings),
+                settings=settings, residency=Residency.for_settings(settings, worker=True),
             )
         return _ctx
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agentloop.domain import CandidateStatus, GoalStatus
+from agentloop.settings import Settings
 from agentloop.store import Store
 from tests.core.helpers import make_goal
 from workers.jobs import WorkerContext, advance_goal_job, generate_job
@@ -282,3 +283,21 @@ def test_a_worker_that_lost_its_claim_writes_nothing(db_url: str, settings) -> N
         assert c.status is CandidateStatus.RUNNING and c.worker == "w2" and c.attempts == 2
     folder = settings.resolved_artifacts_dir() / goal_id
     assert not folder.exists() or list(folder.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("setting", "worker", "expected"),
+    [("auto", True, True), ("auto", False, None), ("on", False, True), ("off", True, False)],
+)
+def test_residency_compiles_in_a_worker_by_default(setting: str, worker: bool, expected) -> None:  # noqa: ANN001
+    """`engine_compile` "auto": a Celery worker compiles the denoiser (long-lived, it earns
+    the compile back); embedded, the engine decides (None: off on a CPU). "on"/"off" hold
+    everywhere. What the EngineConfig then means on a device is tested in
+    tests/engine/test_engine_gpu_path.py."""
+    settings = Settings(engine_compile=setting)
+    assert Residency.for_settings(settings, worker=worker).config.compile is expected
+
+
+def test_engine_compile_setting_rejects_other_values() -> None:
+    with pytest.raises(ValueError, match="engine_compile"):
+        Settings(engine_compile="sometimes")

@@ -27,7 +27,7 @@ import engine.config as config_module
 from engine.config import ATTENTION_PREFERENCE, KERNEL_TABLE, EngineConfig
 from engine.runner import Runner
 from engine.speedups import set_attention_backend
-from engine.types import GenerationRequest
+from engine.types import GenerationRequest, Region
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -205,6 +205,48 @@ def test_compiled_runner_generates_the_same_image(
     a = np.asarray(plain.generate([request])[0].image, dtype=np.int16)
     b = np.asarray(compiled.generate([request])[0].image, dtype=np.int16)
     assert np.abs(a - b).max() <= 1
+
+
+def test_compile_without_a_cxx_compiler_stays_eager_with_an_error_entry(
+    cpu_config: EngineConfig, keep_dynamo_config: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Inductor needs a C++ compiler on a CPU; without one compilation is not turned on at
+    all (every compiled block would fail on its first call), and the runner still generates."""
+    monkeypatch.setenv("CXX", "no-such-compiler-here")
+    runner = Runner("tiny-dit", replace(cpu_config, compile=True))
+    report = runner.engine_report
+    assert not report["compiled"] and "no-such-compiler-here" in report["errors"]["compile"]
+    assert not any(getattr(m, "_compiled_call_impl", None) for m in runner.denoiser.modules())
+    request = GenerationRequest(prompt="a red circle", seed=3, width=32, height=32, steps=2,
+                                model="tiny-dit")  # fmt: skip
+    assert runner.generate([request])[0].image.size == (32, 32)
+
+
+@pytest.mark.slow
+def test_inductor_compiled_shapes_model_matches_eager_across_batch_sizes(
+    cpu_config: EngineConfig, keep_dynamo_config: None
+) -> None:
+    """The worker default on a CPU (AGENTLOOP_ENGINE_COMPILE=auto): the shipped model's
+    blocks compiled by Inductor give the eager images, for a first batch and for batches of
+    other sizes (layouts included: more rows), which dynamo serves from one dynamic graph."""
+    plain = Runner("shapes", cpu_config)
+    compiled = Runner("shapes", replace(cpu_config, compile=True))
+    assert compiled.engine_report["compiled"] and compiled.engine_report["errors"] == {}
+    requests = [
+        GenerationRequest(prompt=f"a small {c} circle on the left", seed=i, model="shapes",
+                          steps=8, guidance=3.0)
+        for i, c in enumerate(["red", "blue", "green", "yellow", "purple"])
+    ]  # fmt: skip
+    layout = GenerationRequest(
+        prompt="a red circle on the left and a blue square on the right", seed=9, model="shapes",
+        steps=8, guidance=3.0,
+        regions=(Region("a red circle on the left", 0.25, 0.5),
+                 Region("a blue square on the right", 0.75, 0.5)),
+    )  # fmt: skip
+    for batch in (requests[:4], requests[4:], [layout, *requests[:2]]):
+        for a, b in zip(plain.generate(batch), compiled.generate(batch), strict=True):
+            diff = np.abs(np.asarray(a.image, np.int16) - np.asarray(b.image, np.int16))
+            assert diff.max() <= 2 and diff.mean() < 0.05
 
 
 def test_compiled_blocks_with_kernels_compile_once(

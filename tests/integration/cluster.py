@@ -48,6 +48,9 @@ FAST_SETTINGS = {
     "AGENTLOOP_STALL_AFTER_SECONDS": "3",
     "AGENTLOOP_DB_CONNECT_TIMEOUT": "2",
     "AGENTLOOP_MAX_ATTEMPTS": str(MAX_ATTEMPTS),
+    # Workers killed and restarted every few seconds would each compile the denoiser again
+    # (test_distributed runs the shipped default, compiling workers).
+    "AGENTLOOP_ENGINE_COMPILE": "off",
 }
 
 T = TypeVar("T")
