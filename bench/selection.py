@@ -42,6 +42,11 @@ on the region's prompt; cosines, higher is better):
                   size (`zoom_view`), judged on the subject alone (no place words)
   crop-parts      0.5 * (whole + crop-min)
   crop-mix        0.5 * whole + 0.25 * (weakest part on its region + crop-min)
+  consensus-min   the weakest part's consensus (`consensus`): how like the same part in the
+                  goal's other images its region view is, the others weighted by their part
+                  scores (self-consistency across the N samples)
+  parts+consensus parts-region + consensus-min (and /2: half of it)
+  own+consensus-min  0.5 * whole + 0.5 * the weakest part's (own + consensus)
 
     python bench/selection.py                      # 20 goals of 2 objects, 16 samples each
     python bench/selection.py --objects 2,3 --goals 40 --record /tmp/sel.jsonl
@@ -84,7 +89,8 @@ OBJECTIVES = (
     "whole", "parts-region", "crop-min", "crop-parts", "crop-mix",
     "region-min", "parts-mean", "parts-mix", "margin-min", "prob-min", "logprob-sum",
     "presence-min", "contrast-min", "whole+margin", "parts+margin", "verified",
-    "verified-blank", "goal-contrast",
+    "verified-blank", "goal-contrast", "consensus-min", "parts+consensus", "parts+consensus/2",
+    "own+consensus-min",
 )
 
 
@@ -200,7 +206,20 @@ def features(scorer: Scorer, rec: dict[str, Any]) -> dict[str, np.ndarray]:
         "goal_neg": (torch.stack([whole @ t(s) for s in goal_negs], 1).numpy() if goal_negs
                      else np.full((n, 1), -1.0)),
         "scale": float(scorer.model.logit_scale.exp().clamp(max=100)),
+        "consensus": consensus(view, own).numpy(),
     }
+
+
+def consensus(view: torch.Tensor, own: torch.Tensor) -> torch.Tensor:
+    """Per image and part (n x p): how much its part view looks like the same part in the
+    goal's other images, each weighted by how well it reads as the part's text (softmax of
+    the part scores over the images, at CLIP's usual scale 100). Self-consistency: when most
+    samples draw a part right, the right drawing is the common one and a wrong one stands out."""
+    n = view.shape[0]
+    sim = torch.einsum("ipd,jpd->pij", view, view)  # p x n x n cosines (unit embeddings)
+    w = torch.softmax(100.0 * own.T, dim=1)[:, None, :].expand(-1, n, -1).clone()  # p x n x n
+    w[:, torch.arange(n), torch.arange(n)] = 0.0  # not itself
+    return ((sim * w).sum(2) / w.sum(2).clamp_min(1e-9)).T
 
 
 ZOOM_SIDE = 0.5
@@ -253,6 +272,10 @@ def objectives(f: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         "verified": 0.5 * (whole + verified.min(1)),
         "verified-blank": 0.5 * (whole + verified_blank.min(1)),
         "goal-contrast": whole - f["goal_neg"].max(1),
+        "consensus-min": f["consensus"].min(1),
+        "parts+consensus": parts_region + f["consensus"].min(1),
+        "parts+consensus/2": parts_region + 0.5 * f["consensus"].min(1),
+        "own+consensus-min": 0.5 * whole + 0.5 * (own + f["consensus"]).min(1),
     }
 
 
@@ -311,6 +334,7 @@ def rank(scorer: Scorer, records: list[dict[str, Any]]) -> dict[int, dict[str, A
             sig["own"].append((f["own"][:, k], ok_parts[:, k]))
             sig["margin"].append((f["own"][:, k] - f["neg"][k].max(1), ok_parts[:, k]))
             sig["crop"].append((f["crop"][:, k], ok_parts[:, k]))
+            sig.setdefault("consensus", []).append((f["consensus"][:, k], ok_parts[:, k]))
         margins.setdefault(rec["objects_n"], []).extend(
             m for image in rec["images"] for m in shape_margins(image, rec["objects"]))
         row = by_kind.setdefault(rec["objects_n"], {n: [] for n in (*OBJECTIVES, "oracle", "one")})
