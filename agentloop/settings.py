@@ -100,6 +100,11 @@ class Settings(BaseSettings):
     """Reserved for `bench/queue.py`: workers skip denoising and CLIP (a flat image, a score
     derived from the prompt), so the queue itself is what is measured. Never for real goals."""
 
+    worker_watchdog_seconds: float = Field(default=120.0, ge=0.0)
+    """A Celery worker whose queues have held waiting messages for this long, while it had a
+    free slot and received none, is taken to have stopped consuming and exits (code 70) for
+    its supervisor to restart it (`workers/watchdog.py`). 0: off."""
+
     engine_compile: Literal["auto", "on", "off"] = "auto"
     """Regional compilation of the denoiser (`EngineConfig.compile`). "auto": a Celery worker
     compiles on every device (it lives for thousands of generations; the first batches pay

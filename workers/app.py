@@ -10,7 +10,9 @@ The visibility timeout must exceed the lease (checked when the settings load).
 
 from __future__ import annotations
 
-from celery import Celery
+from typing import Any
+
+from celery import Celery, signals
 
 from agentloop.settings import get_settings
 from workers import broker
@@ -55,6 +57,14 @@ def make_app() -> Celery:
         },
     )
     return app
+
+
+@signals.worker_ready.connect
+def _watch_consuming(sender: Any, **_: Any) -> None:
+    """Every worker stops itself once it has stopped consuming (`workers.watchdog`)."""
+    from workers import watchdog
+
+    watchdog.start(sender, get_settings().worker_watchdog_seconds)
 
 
 app = make_app()

@@ -51,6 +51,8 @@ FAST_SETTINGS = {
     # Workers killed and restarted every few seconds would each compile the denoiser again
     # (test_distributed runs the shipped default, compiling workers).
     "AGENTLOOP_ENGINE_COMPILE": "off",
+    # Short, so that a worker stopped by mistake under any fault shows (check_invariants).
+    "AGENTLOOP_WORKER_WATCHDOG_SECONDS": "10",
 }
 
 T = TypeVar("T")
