@@ -96,5 +96,18 @@ def test_gpu_worker_reserves_an_nvidia_device() -> None:
 
 
 def test_workers_share_the_artifacts_volume_with_the_api() -> None:
-    assert SERVICES["api"]["volumes"] == SERVICES["gen-worker"]["volumes"]
+    assert "artifacts:/data/artifacts" in SERVICES["api"]["volumes"]
+    assert "artifacts:/data/artifacts" in SERVICES["gen-worker"]["volumes"]
     assert SERVICES["api"]["environment"]["AGENTLOOP_ARTIFACTS_DIR"] == "/data/artifacts"
+
+
+def test_gen_worker_keeps_its_compiled_code_across_restarts() -> None:
+    """A worker compiles its denoiser (AGENTLOOP_ENGINE_COMPILE=auto); its Inductor and Triton
+    caches live on a named volume, so a restarted worker reuses them."""
+    gen = SERVICES["gen-worker"]
+    env = gen["environment"]
+    assert env["AGENTLOOP_BROKER_URL"] == SERVICES["api"]["environment"]["AGENTLOOP_BROKER_URL"]
+    mounts = dict(v.split(":", 1)[::-1] for v in gen["volumes"])
+    assert mounts.get("/data/compile-cache") in COMPOSE["volumes"]
+    for key in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+        assert env[key].startswith("/data/compile-cache/")
