@@ -8,7 +8,8 @@ shared machine hits both alike) it starts the service as `bench/queue.py` does (
 PostgreSQL database, a private Redis, the API, a control worker, ONE generation worker on
 `--pool threads -c 1`, beat) with the real `shapes` model and `shapes-clip` scorer (tiny-dit
 and tiny-clip when the shapes weights are absent), `AGENTLOOP_GEN_COALESCE` set to the mode.
-After one warm-up goal (the model loads), `--goals` clients post one goal each at once
+After two warm-up goals (the model loads; a compiling worker, `--compile`, compiles),
+`--goals` clients post one goal each at once
 (`--fanout` candidates per iteration, `--budget` candidates in all), and it waits for every
 goal to end. It reports, per mode:
 
@@ -90,15 +91,20 @@ def run_mode(coalesce: bool, args: argparse.Namespace) -> dict[str, Any]:
         "AGENTLOOP_GEN_MAX_BATCH": str(args.max_batch),
         # one torch thread per process: steady figures on a shared CPU (bench/queue.py)
         "OMP_NUM_THREADS": str(args.threads),
+        "AGENTLOOP_ENGINE_COMPILE": args.compile,
     }
     cfg = Q.ClusterConfig(gen_workers=1, model=args.model, noop=False, extra_env=env,
                           control_pool="threads", control_concurrency=2)
     workdir = Path(tempfile.mkdtemp(prefix="agentloop-coalesce-bench-"))
     try:
         with Q.cluster(cfg, workdir) as c, httpx.Client(base_url=c.base_url, timeout=60) as http:
-            warm = http.post("/v1/goals", json=_body(0, args, "warm-up") | {"budget": args.fanout})
-            warm.raise_for_status()
-            _wait_ended(http, [warm.json()["id"]], args.timeout)
+            # the model loads; a compiling worker compiles two batch sizes (then dynamo has
+            # marked the batch dimension dynamic and compiles no more)
+            for fanout in (args.fanout, args.fanout + 2):
+                body = _body(0, args, "warm-up") | {"budget": fanout, "fanout": fanout}
+                warm = http.post("/v1/goals", json=body)
+                warm.raise_for_status()
+                _wait_ended(http, [warm.json()["id"]], args.timeout)
             start = threading.Barrier(args.goals)
             submitted: dict[int, tuple[float, str]] = {}
 
@@ -159,6 +165,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--repeats", type=int, default=1, help="runs per mode, alternating")
     ap.add_argument("--model", default=None, help="default: shapes (tiny-dit if absent)")
     ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
+                    help="AGENTLOOP_ENGINE_COMPILE (auto: a worker compiles)")
     ap.add_argument("--json-out", type=Path, default=None)
     args = ap.parse_args(argv)
     model, scorer = _models()
@@ -180,6 +188,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "model": args.model, "scorer": args.scorer, "goals": args.goals, "fanout": args.fanout,
         "budget": args.budget, "steps": args.steps, "size": args.size,
         "max_batch": args.max_batch, "max_wait_ms": args.max_wait_ms, "threads": args.threads,
+        "compile": args.compile,
         "repeats": args.repeats, **summary, "speedup": round(speedup, 3), "runs": runs,
         "all_candidates_succeeded": all(r["failed"] == 0 and
                                         r["candidates"] == args.goals * args.budget for r in runs),
@@ -193,7 +202,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     rows.append(("speed-up (candidates/s)", "1", f"{speedup:.2f}"))
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     print(f"{args.goals} goals x {args.budget} candidates (fanout {args.fanout}), {args.model} "
-          f"{args.steps} steps {args.size}px, one generation worker, {args.repeats} run(s) each")
+          f"{args.steps} steps {args.size}px, one generation worker (compile {args.compile}), "
+          f"{args.repeats} run(s) each")
     for r in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)))
     line = json.dumps(figures)
