@@ -1,5 +1,5 @@
 """The consume watchdog's decision (`workers.watchdog.ConsumeWatchdog`), on a clock the test
-moves. What it watches on a real broker and a real worker: tests/integration/test_watchdog.py."""
+moves. On a real broker and a real worker: tests/integration/test_consume_watchdog.py."""
 
 from __future__ import annotations
 
