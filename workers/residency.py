@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -11,6 +12,8 @@ from engine.config import EngineConfig
 
 if TYPE_CHECKING:
     from agentloop.settings import Settings
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -76,7 +79,14 @@ class Residency:
             return NoopRunner(model)
         from engine.runner import Runner
 
-        return Runner(model, self.config, extra_models=self.extra_models)
+        runner = Runner(model, self.config, extra_models=self.extra_models)
+        report = runner.engine_report
+        log.info(
+            "model %s loaded: %s %s, attention %s, compiled %s, kernels %s", model,
+            report.get("device"), report.get("dtype"), report.get("attention_backend"),
+            report.get("compiled"), report.get("kernels") or "none",
+        )  # fmt: skip
+        return runner
 
     def _build_scorer(self, name: str) -> Any:
         if self.noop:

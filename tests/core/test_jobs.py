@@ -301,3 +301,15 @@ def test_residency_compiles_in_a_worker_by_default(setting: str, worker: bool, e
 def test_engine_compile_setting_rejects_other_values() -> None:
     with pytest.raises(ValueError, match="engine_compile"):
         Settings(engine_compile="sometimes")
+
+
+def test_residency_logs_what_the_engine_applied_when_a_model_loads(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An operator reads in the worker's log whether its denoiser was compiled, and on what."""
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="workers.residency"):
+        Residency().runner("tiny-dit")
+    line = next(r.getMessage() for r in caplog.records if "loaded" in r.getMessage())
+    assert line.startswith("model tiny-dit loaded: cpu float32, attention native, compiled False")
