@@ -109,7 +109,7 @@ class Settings(BaseSettings):
     """Regional compilation of the denoiser (`EngineConfig.compile`). "auto": a Celery worker
     compiles on every device (it lives for thousands of generations; the first batches pay
     the compile once, about 40 s on a CPU with Inductor's disk cache cold and a few seconds
-    with it warm, and every later batch runs about 1.25x faster on the shipped model,
+    with it warm, and every later batch runs about 1.2x faster on the shipped model,
     docs/benchmarks.md); the embedded runtime and the CLI leave it to the engine (on for
     CUDA, off on a CPU, where a short run would not earn the compile back). "on" / "off":
     everywhere."""
