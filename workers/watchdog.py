@@ -113,8 +113,7 @@ def queue_waiting(app: Any, queues: Iterable[str]) -> int | None:
     return total
 
 
-def start(consumer: Any, stuck_after: float, interval: float | None = None,
-          exit: Callable[[int], Any] = os._exit) -> threading.Thread | None:  # noqa: A002
+def start(consumer: Any, stuck_after: float) -> threading.Thread | None:
     """Watch a started Celery worker (``consumer``: the ``worker_ready`` signal's sender):
     the queues it was started to consume, its concurrency, its active requests. Returns the
     watching thread (None when ``stuck_after`` is 0)."""
@@ -128,7 +127,7 @@ def start(consumer: Any, stuck_after: float, interval: float | None = None,
     app = consumer.app
     queues = sorted(q.name for q in app.amqp.queues.consume_from.values())
     concurrency = int(getattr(consumer.controller, "concurrency", 1) or 1)
-    every = interval if interval is not None else max(0.5, min(5.0, stuck_after / 4))
+    every = max(0.5, min(5.0, stuck_after / 4))
     dog = ConsumeWatchdog(
         lambda: queue_waiting(app, queues), lambda: len(state.active_requests),
         concurrency, stuck_after, max_gap=3 * every + 5,
@@ -147,8 +146,7 @@ def start(consumer: Any, stuck_after: float, interval: float | None = None,
                 log.critical("worker %s is not consuming: %s; exiting (%d) for its supervisor "
                              "to restart it", consumer.hostname, why, EXIT_CODE)
                 logging.shutdown()
-                exit(EXIT_CODE)
-                return
+                os._exit(EXIT_CODE)  # the consumer may be wedged: no graceful shutdown
 
     thread = threading.Thread(target=run, name="agentloop-watchdog", daemon=True)
     thread.start()
