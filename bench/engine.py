@@ -237,12 +237,12 @@ def diffusers_caches(folder: str, steps: int, magcache_file: str | None = None) 
     return caches
 
 
-def measure(rows: list[Row], repeats: int) -> None:
+def measure(rows: list[Row], repeats: int, batch: int) -> None:
     """Rounds of every row in turn (interleaved), the first keeping the images and counts."""
     n = rows[0].size
     for row in rows:  # warm-up (first-call allocations, compilation), and the meters
         row.run(min(2, n))
-        row.run(min(n, 26))  # a full batch too: a compiled row compiles a second shape
+        row.run(min(n, batch))  # a full batch too: a compiled row compiles a second shape
         row.meter = Meter(row.transformer)  # type: ignore[attr-defined]
     for rep in range(repeats):
         for row in rows:
@@ -332,7 +332,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     rows = vanilla_rows(folder, prompts, spec, batch, caches)
     ours, skipped = runner_rows(args.model, prompts, spec, base, configs)
     rows += ours
-    measure(rows, args.repeats)
+    measure(rows, args.repeats, batch)
     scorer = Scorer("shapes-clip")
     from PIL import Image
 
