@@ -61,7 +61,7 @@ from engine.types import GenerationRequest, ScoreRequest  # noqa: E402
 
 OFF: dict[str, Any] = {
     "own_loop": False, "cfg_truncation": 1.0, "text_embedding_cache": False, "step_cache": "none",
-    "compile": False,
+    "compile": False, "solver": "euler",
 }  # fmt: skip
 """Every switch off: the runner's unoptimized path (fields this build lacks are left out)."""
 
@@ -71,15 +71,20 @@ SWITCHES: dict[str, dict[str, Any]] = {
     "cfg truncation": {"own_loop": True, "cfg_truncation": 0.75},
     "step cache": {"step_cache": "agentloop"},
     "compile": {"compile": True},
+    "solver": {"own_loop": True, "solver": "dpm++2m"},
 }
 """One row per switch (EngineConfig kwargs on top of OFF); add a line for a new switch."""
 
 ALL: dict[str, Any] = {
-    k: v for name, kwargs in SWITCHES.items() if name != "compile" for k, v in kwargs.items()
+    k: v
+    for name, kwargs in SWITCHES.items()
+    if name not in ("compile", "solver")
+    for k, v in kwargs.items()
 }
 """Every switch on together, but compilation (its own row and the worker defaults row have
 it: a step cache's per-step decisions would break the compiled graphs, and the row would
-not compare with the earlier all-on figures)."""
+not compare with the earlier all-on figures) and the solver (a step rule, not a speed-up: its
+row says what it does to accuracy at the same cost)."""
 
 ALL_ON: dict[str, Any] = OFF | ALL
 

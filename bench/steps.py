@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 
-from engine.config import EngineConfig
+from engine.config import SOLVERS, EngineConfig
 from engine.defaults import model_defaults
 from engine.denoise import guided_steps
 from engine.runner import Runner
@@ -61,26 +61,32 @@ class Setting:
     steps: int
     shift: float
     cfg_truncation: float
+    solver: str = "euler"
 
     @classmethod
     def parse(cls, text: str) -> Setting:
-        """``steps:shift:cfg_truncation``, e.g. ``12:2:0.75``."""
+        """``steps:shift:cfg_truncation[:solver]``, e.g. ``12:2:0.75`` or ``8:3:1:dpm++2m``."""
         try:
-            steps, shift, truncation = text.split(":")
-            setting = cls(int(steps), float(shift), float(truncation))
+            steps, shift, truncation, *solver = text.split(":")
+            if len(solver) > 1:
+                raise ValueError(text)
+            setting = cls(int(steps), float(shift), float(truncation), *solver)
         except ValueError:
             raise argparse.ArgumentTypeError(
-                f"{text!r} is not steps:shift:cfg_truncation (e.g. 12:2:0.75)"
+                f"{text!r} is not steps:shift:cfg_truncation[:solver] (e.g. 12:2:0.75)"
             ) from None
         if setting.steps < 1 or not setting.shift > 0 or not 0 <= setting.cfg_truncation <= 1:
             raise argparse.ArgumentTypeError(
                 f"{text!r}: steps >= 1, shift > 0, truncation in [0, 1]"
             )
+        if setting.solver not in SOLVERS:
+            raise argparse.ArgumentTypeError(f"{text!r}: solver is one of {', '.join(SOLVERS)}")
         return setting
 
     @property
     def label(self) -> str:
-        return f"{self.steps}:{self.shift:g}:{self.cfg_truncation:g}"
+        label = f"{self.steps}:{self.shift:g}:{self.cfg_truncation:g}"
+        return label if self.solver == "euler" else f"{label}:{self.solver}"
 
 
 def passes_per_image(setting: Setting, guidance: float, regions: int = 1) -> int:
@@ -91,23 +97,23 @@ def passes_per_image(setting: Setting, guidance: float, regions: int = 1) -> int
 
 
 class Sweep:
-    """One runner per truncation value, the scheduler's shift set per configuration."""
+    """One runner per truncation value and solver, the scheduler's shift set per configuration."""
 
     def __init__(self, model: str, config: EngineConfig) -> None:
         self.model, self.config = model, config
-        self.runners: dict[float, Runner] = {}
-        self.scheduler_config = self._load(1.0).pipe.scheduler.config
+        self.runners: dict[tuple[float, str], Runner] = {}
+        self.scheduler_config = self._load(1.0, "euler").pipe.scheduler.config
         """The model's shipped scheduler configuration (shift and all)."""
 
-    def _load(self, truncation: float) -> Runner:
-        if truncation not in self.runners:
-            config = replace(self.config, cfg_truncation=truncation)
-            self.runners[truncation] = Runner(self.model, config)
-        return self.runners[truncation]
+    def _load(self, truncation: float, solver: str) -> Runner:
+        if (truncation, solver) not in self.runners:
+            config = replace(self.config, cfg_truncation=truncation, solver=solver)
+            self.runners[truncation, solver] = Runner(self.model, config)
+        return self.runners[truncation, solver]
 
     def runner(self, setting: Setting) -> Runner:
         """The runner for ``setting``'s truncation, its scheduler set to ``setting``'s shift."""
-        runner = self._load(setting.cfg_truncation)
+        runner = self._load(setting.cfg_truncation, setting.solver)
         if self.scheduler_config.get("_class_name") != "FlowMatchEulerDiscreteScheduler":
             raise TypeError(f"{self.model} does not use a flow-matching Euler scheduler")
         runner.pipe.scheduler = FlowMatchEulerDiscreteScheduler.from_config(
@@ -198,7 +204,7 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"  time limit: {setting.label} and later not run", file=sys.stderr)
             break
         row: dict = {"config": setting.label, "steps": setting.steps, "shift": setting.shift,
-                     "cfg_truncation": setting.cfg_truncation,
+                     "cfg_truncation": setting.cfg_truncation, "solver": setting.solver,
                      "passes_per_image": passes_per_image(setting, guidance),
                      "passes_per_layout_image": passes_per_image(setting, guidance, 2),
                      "seconds_per_image": 0.0}  # fmt: skip

@@ -23,6 +23,11 @@ AUTO_DTYPE: dict[str, str] = {"cuda": "bfloat16"}
 
 HALF_DTYPES = ("float16", "bfloat16")
 
+SOLVERS = ("euler", "dpm++2m")
+"""Step rules of the own loop: "euler" is the pipeline's scheduler step (flow-matching Euler,
+the stock pipeline's images); "dpm++2m" is DPM-Solver++(2M), second order from the previous
+step's clean estimate, at the same one transformer call per step."""
+
 ATTENTION_PREFERENCE: tuple[str, ...] = ("_flash_3", "flash", "native")
 """diffusers attention backends ``attention_backend="auto"`` tries on CUDA, best first; the
 first whose requirements hold (capability, dtype, package installed) is chosen. "native" is
@@ -241,6 +246,12 @@ class EngineConfig:
     """Route attention through the INT8 Q·K kernel (SageAttention-style) via kernels'
     dispatcher. Lossy, so never on unless asked."""
 
+    solver: str = "euler"
+    """Step rule of the own loop (Flux): "euler", the scheduler's flow-matching Euler step
+    (the stock pipeline's images), or "dpm++2m", DPM-Solver++(2M): second order from the
+    previous step's clean estimate, the same one transformer call per step
+    (``engine.denoise.dpm_solver_2m``)."""
+
     step_cache: str = "none"
     """Skip transformer work on steps that barely change (docs/engine.md, "Step caching"):
     "none", "first_block" (diffusers' FirstBlockCache), "taylorseer" (diffusers' TaylorSeer),
@@ -279,6 +290,8 @@ class EngineConfig:
         value = self.cfg_truncation
         if not (isinstance(value, int | float) and math.isfinite(value) and 0 <= value <= 1):
             raise ValueError(f"cfg_truncation {value!r} is not a number in [0, 1]")
+        if self.solver not in SOLVERS:
+            raise ValueError(f"solver {self.solver!r} is not one of {', '.join(SOLVERS)}")
         StepCacheSettings.from_config(self)  # a bad step-cache switch fails here, clearly
 
     def resolved_cache_dir(self) -> Path:

@@ -204,7 +204,7 @@ class Runner:
         """The runner's own denoising loop, where ``config.own_loop`` is on and the pipeline
         is a FluxPipeline; None: the stock pipeline call."""
         if config.own_loop and isinstance(self.pipe, FluxPipeline):
-            self._loop = FluxDenoiseLoop(self.pipe, config.cfg_truncation)
+            self._loop = FluxDenoiseLoop(self.pipe, config.cfg_truncation, config.solver)
         self.editor = Editor(self)
         """Runs image-to-image and repair requests (``engine.edits``)."""
 

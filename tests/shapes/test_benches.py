@@ -157,6 +157,21 @@ def test_steps_runs_and_pairs_against_the_reference(capsys: pytest.CaptureFixtur
         assert other[f"gained_{k}"] - other[f"lost_{k}"] == round(2 * other[f"delta_{k}"])
     with pytest.raises(SystemExit):
         steps.main(["--configs", "0:3:1"])
+    with pytest.raises(SystemExit):
+        steps.main(["--configs", "2:3:1:heun"])
+    solver = steps.Setting.parse("8:3:1:dpm++2m")
+    assert (solver.solver, solver.label, steps.Setting.parse("8:3:1").solver) == (
+        "dpm++2m", "8:3:1:dpm++2m", "euler")
+
+
+def test_solver_bench_compares_with_the_reference(capsys: pytest.CaptureFixture[str]) -> None:
+    figures = _load("solver").main(
+        ["--goals", "2", "--steps", "2", "4", "--guidance", "3", "--reference-steps", "4"]
+    )
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == figures
+    two, four = figures["rows"]
+    assert four["euler"] == 99.0  # the reference itself: the same images
+    assert 0 < two["euler"] < 99.0 and 0 < two["dpm++2m"] < 99.0
 
 
 def test_engine_bench_runs_every_row(capsys: pytest.CaptureFixture[str]) -> None:
@@ -166,7 +181,7 @@ def test_engine_bench_runs_every_row(capsys: pytest.CaptureFixture[str]) -> None
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == figures
     rows = figures["rows"]
     assert {"vanilla", "diffusers first_block 0.1", "runner (all off)", "runner + step cache",
-            "runner, all on"} <= set(rows)  # fmt: skip
+            "runner + solver", "runner, all on"} <= set(rows)  # fmt: skip
     assert rows["vanilla"]["speedup"] == 1.0 and rows["vanilla"]["work"] == 1.0
     assert rows["vanilla"]["calls_per_image"] == 3 * 2 / 2  # 3 steps x (cond, uncond), 2 images a call
     assert rows["runner (all off)"]["psnr_db"] >= 40  # the same images as vanilla, to rounding
