@@ -825,3 +825,28 @@ class Decision:
             self.close_iteration is not None or self.best or self.new_candidates
             or self.goal_status or self.redispatch or self.reclaim
         )
+
+
+SWEEP_HEARTBEAT = "sweep"
+"""The heartbeat the reconciler (the sweep) records after every run."""
+
+HEARTBEAT_STALE_INTERVALS = 3.0
+"""A periodic job whose last run is older than this many of its intervals has stopped."""
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """When a periodic job (the sweep) last finished a run, read by the database's clock."""
+
+    name: str
+    beat_at: datetime
+    """When it last finished (naive UTC, the database's clock)."""
+    age_seconds: float
+    """How long ago that was, by the same clock."""
+    interval_seconds: float
+    """How often it runs."""
+
+    @property
+    def stale(self) -> bool:
+        """Whether it has missed several runs in a row (it stopped, or cannot finish one)."""
+        return self.age_seconds > HEARTBEAT_STALE_INTERVALS * self.interval_seconds

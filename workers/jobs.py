@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agentloop.dispatch import Dispatcher, dispatch_generation, queue_depth
-from agentloop.domain import CandidateStatus, CandidateView
+from agentloop.domain import SWEEP_HEARTBEAT, CandidateStatus, CandidateView
 from agentloop.images import load_artifact
 from agentloop.orchestrator import Policy, advance
 from agentloop.parts import part_regions, parts_of
@@ -90,6 +90,7 @@ def reconcile(ctx: WorkerContext) -> list[str]:
             log.exception("sweep: advancing goal %s failed", goal_id)
     if goal_ids:
         log.info("sweep advanced %d goal(s)", len(goal_ids))
+    ctx.store.beat(SWEEP_HEARTBEAT, s.sweep_interval_seconds)  # /healthz tells a stopped sweep by it
     return goal_ids
 
 

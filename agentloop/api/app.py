@@ -12,6 +12,7 @@ from agentloop.api.errors import BodyLimit, install_error_handlers
 from agentloop.api.openapi import openapi_with_limits
 from agentloop.api.routes import router
 from agentloop.dispatch import Dispatcher
+from agentloop.domain import SWEEP_HEARTBEAT
 from agentloop.mcp_server import mount_mcp
 from agentloop.settings import Settings, get_settings
 from agentloop.store import Store
@@ -75,13 +76,23 @@ def create_app(
     install_error_handlers(app, settings)
 
     @app.get("/healthz", responses={503: {"description": "the database does not answer"}},
-             tags=["health"], operation_id="healthz", summary="Liveness and database check")
+             tags=["health"], operation_id="healthz", summary="Liveness, database and sweep check")
     def healthz() -> JSONResponse:
-        """Liveness and database reachability (503 when the database does not answer)."""
+        """Liveness and database reachability (503 when the database does not answer), and
+        whether the sweep that recovers lost work runs: `sweep` is "ok", "stale" (its last run
+        is older than three intervals: Celery beat or the worker that runs it has stopped) or
+        "never", with `sweep_last` its last run (ISO 8601 UTC, "" if none). A sweep that is not
+        "ok" makes `status` "degraded", still with 200: this process itself is fine."""
         try:
-            app.state.store.ping()
+            beat = app.state.store.heartbeat(SWEEP_HEARTBEAT)
         except Exception as exc:  # noqa: BLE001 - any database failure means unhealthy
             return JSONResponse({"status": "unavailable", "detail": str(exc)[:200]}, status_code=503)
-        return JSONResponse({"status": "ok"})
+        sweep = "never" if beat is None else "stale" if beat.stale else "ok"
+        return JSONResponse({
+            "status": "ok" if sweep == "ok" else "degraded",
+            "database": "ok",
+            "sweep": sweep,
+            "sweep_last": "" if beat is None else beat.beat_at.isoformat(timespec="seconds") + "Z",
+        })  # fmt: skip
 
     return app

@@ -211,7 +211,9 @@ class AsyncClient(BaseClient):
         return await self._request(self._artifact(ref))
 
     async def health(self) -> dict[str, str]:
-        """The server's liveness and database check."""
+        """The server's liveness, database and sweep check: `status` "ok" or "degraded" (the
+        sweep that recovers lost work is not running: `sweep` "stale" or "never"); a database
+        that does not answer raises `ServerError` (503)."""
         return await self._request(self._health())
 
     async def list_models(self) -> Models:

@@ -206,7 +206,9 @@ class Client(BaseClient):
         return self._request(self._artifact(ref))
 
     def health(self) -> dict[str, str]:
-        """The server's liveness and database check."""
+        """The server's liveness, database and sweep check: `status` "ok" or "degraded" (the
+        sweep that recovers lost work is not running: `sweep` "stale" or "never"); a database
+        that does not answer raises `ServerError` (503)."""
         return self._request(self._health())
 
     def list_models(self) -> Models:

@@ -192,3 +192,14 @@ class WebhookDeliveryRow(Base):
     last_error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(DateTime())
     delivered_at: Mapped[datetime | None] = mapped_column(DateTime())
+
+
+class HeartbeatRow(Base):
+    """When a periodic job (the sweep) last finished a run, by the database's clock, and how
+    often it promises to run: a job that stopped shows as an old `beat_at`."""
+
+    __tablename__ = "heartbeats"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    beat_at: Mapped[datetime] = mapped_column(DateTime())
+    interval_seconds: Mapped[float] = mapped_column(Float)

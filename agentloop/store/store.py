@@ -39,6 +39,7 @@ from agentloop.domain import (
     GoalState,
     GoalStatus,
     GoalView,
+    Heartbeat,
     IterationStatus,
     IterationView,
     Webhook,
@@ -49,6 +50,7 @@ from agentloop.store.models import (
     CandidateRow,
     EventRow,
     GoalRow,
+    HeartbeatRow,
     IdempotencyKeyRow,
     IterationRow,
     WebhookDeliveryRow,
@@ -170,6 +172,32 @@ class Store:
         """True when the database answers."""
         with self._tx() as s:
             return s.execute(text("SELECT 1")).scalar() == 1
+
+    # heartbeats ------------------------------------------------------------------------
+
+    def beat(self, name: str, interval_seconds: float) -> None:
+        """Record that periodic job ``name`` (run every ``interval_seconds``) finished a run now."""
+        with self._tx() as s:
+            now = self._now(s)
+            done = s.execute(
+                update(HeartbeatRow).where(HeartbeatRow.name == name)
+                .values(beat_at=now, interval_seconds=interval_seconds)
+            ).rowcount  # fmt: skip
+            if not done:
+                try:
+                    with s.begin_nested():
+                        s.add(HeartbeatRow(name=name, beat_at=now, interval_seconds=interval_seconds))
+                except IntegrityError:  # a concurrent first beat: it is recorded either way
+                    pass
+
+    def heartbeat(self, name: str) -> Heartbeat | None:
+        """When periodic job ``name`` last finished a run (None if it never has)."""
+        with self._tx() as s:
+            row = s.get(HeartbeatRow, name)
+            if row is None:
+                return None
+            age = (self._now(s) - row.beat_at).total_seconds()
+            return Heartbeat(name, row.beat_at, max(0.0, age), row.interval_seconds)
 
     # goals ---------------------------------------------------------------------------
 

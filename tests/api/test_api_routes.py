@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 
+from agentloop.domain import SWEEP_HEARTBEAT
 from agentloop.settings import Settings
+from agentloop.store import Store
 from tests.api.fakes import png_bytes
 
 MISSING = "0" * 32
@@ -48,8 +52,24 @@ def test_openapi_docs_and_health_are_served(api: TestClient) -> None:
     assert "CLIPScore" in spec.json()["info"]["description"]
     docs = api.get("/docs")
     assert docs.status_code == 200 and "swagger" in docs.text.lower()
+    health = api.get("/healthz")  # no sweep runs beside this app (a recording dispatcher)
+    assert health.status_code == 200 and health.json() == {
+        "status": "degraded", "database": "ok", "sweep": "never", "sweep_last": ""}
+
+
+def test_health_tells_a_running_sweep_from_a_stopped_one(api: TestClient, store: Store) -> None:
+    store.beat(SWEEP_HEARTBEAT, interval_seconds=10.0)  # what every sweep does when it finishes
+    health = api.get("/healthz").json()
+    assert (health["status"], health["sweep"]) == ("ok", "ok")
+    last = datetime.fromisoformat(health["sweep_last"].removesuffix("Z"))
+    assert abs((datetime.now(UTC).replace(tzinfo=None) - last).total_seconds()) < 60
+    store.beat(SWEEP_HEARTBEAT, interval_seconds=0.05)  # a sweep due every 50 ms...
+    time.sleep(0.3)  # ...that missed more than three runs
     health = api.get("/healthz")
-    assert health.status_code == 200 and health.json() == {"status": "ok"}
+    assert health.status_code == 200  # the API itself is fine
+    assert (health.json()["status"], health.json()["sweep"]) == ("degraded", "stale")
+    store.beat(SWEEP_HEARTBEAT, interval_seconds=10.0)  # it runs again
+    assert api.get("/healthz").json()["sweep"] == "ok"
 
 
 def test_goals_are_listed_newest_first_and_read_back(api: TestClient) -> None:

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from agentloop.domain import GoalStatus
+from agentloop.domain import SWEEP_HEARTBEAT, GoalStatus
 from agentloop.store import Store
 from tests.core.helpers import make_goal
 from workers.embedded import embedded_runtime
@@ -63,4 +63,7 @@ def test_a_new_runtime_finishes_what_a_killed_process_left_behind(sqlite_url: st
         assert {c.status.value for c in store.list_candidates(goal_id)} == {"succeeded"}
     retried = store.get_candidates(ids[:1])[0]
     assert retried.attempts == 2 and retried.worker == "embedded"
+    beat = store.heartbeat(SWEEP_HEARTBEAT)  # the sweeps recorded that they ran (/healthz)
+    assert beat is not None and not beat.stale
+    assert beat.interval_seconds == settings.sweep_interval_seconds
     store.dispose()

@@ -20,7 +20,7 @@ def _round_trip(url: str) -> None:
     migrate.upgrade(url)
     assert _tables(url) == {
         "goals", "iterations", "candidates", "idempotency_keys", "events", "webhooks",
-        "webhook_deliveries",
+        "webhook_deliveries", "heartbeats",
     }
     assert migrate.current(url) == migrate.head()
     migrate.check(url)  # raises if the ORM and the migrations disagree
@@ -30,7 +30,7 @@ def _round_trip(url: str) -> None:
     migrate.upgrade(url)
     assert _tables(url) == {
         "goals", "iterations", "candidates", "idempotency_keys", "events", "webhooks",
-        "webhook_deliveries",
+        "webhook_deliveries", "heartbeats",
     }
     migrate.check(url)
 

@@ -63,6 +63,25 @@ def test_a_goal_completes_through_the_harness_and_processes_die_on_kill(cluster:
     assert statuses[goal_id] == "done"
     cluster.check_invariants()
     assert cluster.goal(goal_id)["generations_reserved"] == 8
+    # beat's sweeps run on the control worker every second: /healthz sees them (a loaded
+    # machine may delay one past three intervals, so look for a while)
+    deadline = time.monotonic() + 30
+    while (health := cluster.http.get("/healthz").json())["sweep"] != "ok":
+        assert time.monotonic() < deadline, health
+        time.sleep(0.5)
+    assert health["status"] == "ok" and health["sweep_last"], health
+    # with beat dead no sweep runs: after three intervals /healthz says so; a new beat mends it
+    cluster.kill("beat")
+    deadline = time.monotonic() + 30
+    while (health := cluster.http.get("/healthz")).json()["sweep"] != "stale":
+        assert time.monotonic() < deadline, health.json()
+        time.sleep(0.5)
+    assert health.status_code == 200 and health.json()["status"] == "degraded"
+    cluster.start("beat")
+    deadline = time.monotonic() + 60
+    while cluster.http.get("/healthz").json()["sweep"] != "ok":
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
 
     api = cluster.kill("api")
     assert not api.alive()
