@@ -48,6 +48,13 @@ on the region's prompt; cosines, higher is better):
   parts+consensus parts-region + consensus-min (and /2: half of it)
   own+consensus-min  0.5 * whole + 0.5 * the weakest part's (own + consensus)
 
+With ``--diffusion``, the generator itself as a part verifier (a diffusion classifier, Li et
+al. 2023, region-weighted; `diffusion_fit`):
+
+  diffusion-min   the weakest part's fit: how much its prompt lowers the denoiser's error on
+                  its region, against the empty prompt (same noises for every image of a goal)
+  parts+diffusion the rank of parts-region plus the rank of diffusion-min, within the goal
+
     python bench/selection.py                      # 20 goals of 2 objects, 16 samples each
     python bench/selection.py --objects 2,3 --goals 40 --record /tmp/sel.jsonl
     python bench/selection.py --replay /tmp/sel.jsonl [--replay /tmp/other.jsonl]
@@ -92,6 +99,14 @@ OBJECTIVES = (
     "verified-blank", "goal-contrast", "consensus-min", "parts+consensus", "parts+consensus/2",
     "own+consensus-min",
 )
+DIFFUSION_OBJECTIVES = ("diffusion-min", "parts+diffusion")
+"""Objectives that need ``--diffusion`` (the generator loaded to judge)."""
+
+DIFFUSION_SIGMAS = (0.4, 0.6, 0.8)
+"""Noise levels at which ``diffusion_fit`` measures the denoiser's error."""
+
+DIFFUSION_NOISES = 2
+"""Noise draws per level (shared by every image of a goal: a paired comparison)."""
 
 
 def _png(image: Image.Image) -> str:
@@ -210,6 +225,52 @@ def features(scorer: Scorer, rec: dict[str, Any]) -> dict[str, np.ndarray]:
     }
 
 
+@torch.inference_mode()
+def diffusion_fit(runner: Any, images: list[Image.Image], regions: list[Region]) -> np.ndarray:
+    """Per image and part (n x p): the drop in the denoiser's velocity error on the part's
+    region (weighted by `engine.regions.region_weights`) when it is given the part's prompt
+    instead of the empty one, averaged over ``DIFFUSION_SIGMAS`` x ``DIFFUSION_NOISES``. The
+    generator as a verifier: a part drawn as its prompt says is one the prompt predicts well.
+    Flux-family runners only (packed latents)."""
+    from diffusers import FluxPipeline
+
+    from engine.regions import region_weights
+
+    pipe, n, p = runner.pipe, len(images), len(regions)
+    vae = pipe.vae
+    pixels = torch.from_numpy(np.stack([np.asarray(im) for im in images]))
+    z = vae.encode(pixels.permute(0, 3, 1, 2).float() / 127.5 - 1.0).latent_dist.mode()
+    z = (z - (vae.config.shift_factor or 0.0)) * vae.config.scaling_factor
+    c, h, w = z.shape[1:]
+    x0 = FluxPipeline._pack_latents(z, n, c, h, w)
+    texts = runner._embed_many([r.prompt for r in regions] + [""])
+    hidden = torch.cat([e.hidden for e in texts]).repeat(n, 1, 1)
+    pooled = torch.cat([e.pooled for e in texts]).repeat(n, 1)
+    weights = region_weights(regions, h // 2, w // 2).reshape(p, -1)
+    weights = weights / weights.sum(1, keepdim=True)
+    image_ids = runner.loop.image_ids(images[0].height, images[0].width, x0.dtype)
+    text_ids = torch.zeros(hidden.shape[1], 3)
+    g = torch.Generator().manual_seed(1234)
+    fit = torch.zeros(n, p)
+    for sigma in DIFFUSION_SIGMAS:
+        for _ in range(DIFFUSION_NOISES):
+            noise = torch.randn(1, *x0.shape[1:], generator=g).expand(n, -1, -1)
+            x_t = ((1 - sigma) * x0 + sigma * noise).repeat_interleave(p + 1, 0)
+            out = pipe.transformer(
+                hidden_states=x_t, timestep=torch.full([n * (p + 1)], sigma),
+                pooled_projections=pooled, encoder_hidden_states=hidden,
+                txt_ids=text_ids, img_ids=image_ids, return_dict=False,
+            )[0]  # fmt: skip
+            target = (noise - x0).repeat_interleave(p + 1, 0)
+            err = ((out - target) ** 2).mean(-1).reshape(n, p + 1, -1)
+            fit += ((err[:, p:] - err[:, :p]) * weights).sum(-1)
+    return (fit / (len(DIFFUSION_SIGMAS) * DIFFUSION_NOISES)).numpy()
+
+
+def _within_goal_rank(x: np.ndarray) -> np.ndarray:
+    return np.argsort(np.argsort(x, kind="stable"), kind="stable") / max(len(x) - 1, 1)
+
+
 def consensus(view: torch.Tensor, own: torch.Tensor) -> torch.Tensor:
     """Per image and part (n x p): how much its part view looks like the same part in the
     goal's other images, each weighted by how well it reads as the part's text (softmax of
@@ -276,7 +337,10 @@ def objectives(f: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         "parts+consensus": parts_region + f["consensus"].min(1),
         "parts+consensus/2": parts_region + 0.5 * f["consensus"].min(1),
         "own+consensus-min": 0.5 * whole + 0.5 * (own + f["consensus"]).min(1),
-    }
+    } | ({} if "diffusion" not in f else {
+        "diffusion-min": f["diffusion"].min(1),
+        "parts+diffusion": _within_goal_rank(parts_region) + _within_goal_rank(f["diffusion"].min(1)),
+    })
 
 
 SHIPPED = "parts-region"
@@ -317,16 +381,22 @@ def shape_margins(image: Image.Image, objects: list[dict[str, str]]) -> list[tup
     return out
 
 
-def rank(scorer: Scorer, records: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+def rank(scorer: Scorer, records: list[dict[str, Any]],
+         runner: Any = None) -> dict[int, dict[str, Any]]:
     """Per number of objects: the share of goals whose top-ranked image is right, per
     objective, plus the oracle, one sample's rate, and what is wrong (by the checker) in the
-    wrong images and in the shipped objective's wrong picks of goals that had a right one."""
+    wrong images and in the shipped objective's wrong picks of goals that had a right one.
+    With a ``runner`` (the generator), the diffusion objectives too."""
+    names = OBJECTIVES + (DIFFUSION_OBJECTIVES if runner is not None else ())
     by_kind: dict[int, dict[str, list[float]]] = {}
     reasons: dict[int, dict[str, dict[str, int]]] = {}
     signals: dict[int, dict[str, list]] = {}
     margins: dict[int, list[tuple[bool, float]]] = {}
     for rec in records:
         f = features(scorer, rec)
+        if runner is not None:
+            judged = part_regions(goal_parts(rec["text"]), tuple(tuple(e) for e in rec["layout"]))
+            f["diffusion"] = diffusion_fit(runner, rec["images"], [Region(*r) for r in judged])  # type: ignore[misc]
         values = objectives(f)
         ok_parts = np.array(rec["objects_ok"], dtype=bool)
         sig = signals.setdefault(rec["objects_n"], {"own": [], "margin": [], "crop": []})
@@ -335,12 +405,14 @@ def rank(scorer: Scorer, records: list[dict[str, Any]]) -> dict[int, dict[str, A
             sig["margin"].append((f["own"][:, k] - f["neg"][k].max(1), ok_parts[:, k]))
             sig["crop"].append((f["crop"][:, k], ok_parts[:, k]))
             sig.setdefault("consensus", []).append((f["consensus"][:, k], ok_parts[:, k]))
+            if "diffusion" in f:
+                sig.setdefault("diffusion", []).append((f["diffusion"][:, k], ok_parts[:, k]))
         margins.setdefault(rec["objects_n"], []).extend(
             m for image in rec["images"] for m in shape_margins(image, rec["objects"]))
-        row = by_kind.setdefault(rec["objects_n"], {n: [] for n in (*OBJECTIVES, "oracle", "one")})
+        row = by_kind.setdefault(rec["objects_n"], {n: [] for n in (*names, "oracle", "one")})
         why = reasons.setdefault(rec["objects_n"], {"all_wrong": {}, "picked_wrong": {}})
         ok = rec["right"]
-        for name in OBJECTIVES:
+        for name in names:
             v = values[name]
             top = max(range(len(ok)), key=lambda k, v=v: (float(v[k]), -k))
             row[name].append(float(ok[top]))
@@ -388,6 +460,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--replay", action="append",
                         help="JSON lines file: rank its goals, generate nothing (repeatable: pooled)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--diffusion", action="store_true",
+                        help="also rank by the generator's own fit to each part (loads --model)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     args.objects = [int(k) for k in args.objects.split(",") if k.strip()]
@@ -405,7 +479,13 @@ def main(argv: list[str] | None = None) -> dict:
     if args.weights:
         from safetensors.torch import load_file
         scorer.model.load_state_dict(load_file(args.weights))
-    result = rank(scorer, records)
+    runner = None
+    if args.diffusion:
+        from engine.config import EngineConfig
+        from engine.runner import Runner
+        runner = Runner(args.model, EngineConfig())
+    result = rank(scorer, records, runner)
+    names = OBJECTIVES + (DIFFUSION_OBJECTIVES if runner is not None else ())
     elapsed = time.perf_counter() - t0
     source = f"replayed from {', '.join(args.replay)}" if args.replay else f"model {args.model}, {args.steps} steps"
     for n_obj, r in result.items():
@@ -415,12 +495,13 @@ def main(argv: list[str] | None = None) -> dict:
         header = f"{'objective':<15} {'chosen right':>12} {'oracle':>7} {'gap (points)':>13}"
         print(header)
         print("-" * len(header))
-        for name in OBJECTIVES:
+        for name in names:
             print(f"{name:<15} {r[name]:>12.3f} {r['oracle']:>7.3f} "
                   f"{100 * (r['oracle'] - r[name]):>13.1f}" + ("  (the loop's)" if name == SHIPPED else ""))
         print(f"part AUROC (within goal, right vs wrong object by the checker): own text on its "
               f"region {r['part_auroc']['own']}, contrast margin {r['part_auroc']['margin']}, "
-              f"subject on the zoomed view {r['part_auroc']['crop']}")
+              f"subject on the zoomed view {r['part_auroc']['crop']}"
+              + (f", the generator's fit {r['part_auroc']['diffusion']}" if runner else ""))
         close = r["judge_close_calls"]
         print(f"the checker's own close calls (soft IoU of the asked shape within 0.05 of another): "
               f"{close['right_shapes_within_0.05']} of right shapes, "
@@ -437,8 +518,8 @@ def main(argv: list[str] | None = None) -> dict:
         "goal_seed": None if args.replay else args.goal_seed, "replay": args.replay,
         "kinds": {str(k): {"goals": r["goals"], "one_sample_right": round(r["one"], 4),
                            "oracle": round(r["oracle"], 4),
-                           "chosen": {n: round(r[n], 4) for n in OBJECTIVES},
-                           "gap_points": {n: round(100 * (r["oracle"] - r[n]), 1) for n in OBJECTIVES},
+                           "chosen": {n: round(r[n], 4) for n in names},
+                           "gap_points": {n: round(100 * (r["oracle"] - r[n]), 1) for n in names},
                            "why": r["why"], "part_auroc": r["part_auroc"],
                            "judge_close_calls": r["judge_close_calls"]}
                   for k, r in result.items()},

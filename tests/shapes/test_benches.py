@@ -96,6 +96,14 @@ def test_selection_records_replays_and_ranks_two_and_three_objects(
     capsys.readouterr()
     assert replayed["kinds"] == again["kinds"] == figures["kinds"]
     assert replayed["generate_s"] < 5
+    # the generator as a verifier adds its objectives and leaves the others as they were
+    judged = selection.main(["--objects", "2,3", "--replay", str(record), "--diffusion"])
+    capsys.readouterr()
+    for kind in ("2", "3"):
+        k, before = judged["kinds"][kind], figures["kinds"][kind]
+        assert set(k["chosen"]) == set(selection.OBJECTIVES) | set(selection.DIFFUSION_OBJECTIVES)
+        assert {n: k["chosen"][n] for n in selection.OBJECTIVES} == before["chosen"]
+        assert "diffusion" in k["part_auroc"]
 
 
 def test_layout_mix_runs(capsys: pytest.CaptureFixture[str]) -> None:
