@@ -183,7 +183,7 @@ def dpm_solver_2m(
 
 
 StepCallback = Callable[[DenoiseStep, DenoiseBatch], "DenoiseBatch | None"]
-"""Called after every Euler step; may return a new batch (e.g. ``batch.select(keep)``)."""
+"""Called after every step; may return a new batch (e.g. ``batch.select(keep)``)."""
 
 
 def preview_x0(x_t: torch.Tensor, velocity: torch.Tensor, sigma: float) -> torch.Tensor:
