@@ -47,7 +47,7 @@ _DET = r"(?:a pair of|a couple of|an?|the|one|another|some|two|three|four|five|s
 # Joining words that start a new object when a noun phrase follows ("with a blue square",
 # "plus two rings"); "a black and white cat", "a plus sign" and "a ring with red" stay one.
 _JOINERS = (
-    r";", r",\s*and", r",\s*plus", r",", r"\band", r"\bplus", r"\bwith", r"\bas well as",
+    r";", r",\s*and", r",\s*plus", r",", r"\band\s+also", r"\band", r"\bplus", r"&", r"\bwith", r"\bas well as",
     r"\btogether with", r"\balong with", r"\balongside", r"\baccompanied by", r"\bbeside",
     r"\bnext to", r"\bbesides",
 )
@@ -81,7 +81,8 @@ _FRAMING = re.compile(
     re.IGNORECASE,
 )
 _SCENE = re.compile(
-    r",?\s*\b(?:on|against|with|over)\s+(?:an?\s+|the\s+)?(?:[\w-]+\s+){0,3}background\b",
+    r",?\s*\b(?:on|against|with|over)\s+(?:an?\s+|the\s+)?(?:[\w-]+\s+){0,3}background\b"
+    r"|[,;]\s*(?:an?\s+|the\s+)?(?:[\w-]+\s+){0,3}background\s*[.!]?\s*$",
     re.IGNORECASE,
 )
 
@@ -193,6 +194,51 @@ def _split_segments(text: str) -> list[tuple[str, str, tuple[Anchor, Anchor] | N
     return out
 
 
+_BARE_JOINER = re.compile(r"\s*(?:;|&|\band\s+also\b|\band\b|\bplus\b)\s*", re.IGNORECASE)
+"""Joining words between noun phrases written without determiners ("red circle and blue
+square", "cat & dog house"). Commas split such a list only before its last joining word
+("red circle, blue square and green triangle"): after it, or in a list with none, they
+usually add modifiers ("red circle and blue square, highly detailed")."""
+
+BARE_MIN_WORDS = 2
+"""Words (besides determiners and place phrases) each phrase of an article-free list needs
+before the list is split: "red circle and blue square" is two objects, "a black and white
+cat" and "salt and pepper" stay one."""
+
+
+def _content_words(phrase: str) -> list[str]:
+    words = re.findall(r"[a-z0-9'-]+", PLACE_PHRASE.sub(" ", phrase).lower())
+    return [w for w in words if w not in DETERMINERS]
+
+
+def _bare_pieces(segment: str) -> list[str]:
+    """An article-free list's noun phrases (the segment alone when it is not one)."""
+    joiners = list(_BARE_JOINER.finditer(segment))
+    if not joiners:
+        return [segment]
+    last = joiners[-1]
+    head = re.split(r"\s*,\s*", segment[: last.start()])
+    pieces = [q for h in head for q in _BARE_JOINER.split(h)] + [segment[last.end():]]
+    pieces = [p for p in pieces if p.strip(" ,.;")]
+    if len(pieces) > 1 and all(len(_content_words(p)) >= BARE_MIN_WORDS for p in pieces):
+        return pieces
+    return [segment]
+
+
+def _split_bare(
+    segments: list[tuple[str, str, tuple[Anchor, Anchor] | None]],
+) -> list[tuple[str, str, tuple[Anchor, Anchor] | None, bool]]:
+    """Each segment, with whether it opens a new object; an article-free list of noun
+    phrases ("red circle and blue square") becomes one segment per phrase, each after the
+    first opening an object (`_bare_pieces`)."""
+    out: list[tuple[str, str, tuple[Anchor, Anchor] | None, bool]] = []
+    for segment, joiner, relation in segments:
+        first, *rest = _bare_pieces(segment)
+        out.append((first, joiner, relation, False))
+        out.extend((p, "and", None, True) for p in rest)
+    return out
+
+
 def _count_of(phrase: str) -> tuple[int, str]:
     """(n, the phrase for one of them) for "two red circles"; (1, phrase) otherwise."""
     m = re.match(r"^\s*(a pair of|a couple of|[a-z0-9]+)\s+(.*)$", phrase, re.IGNORECASE)
@@ -225,7 +271,9 @@ class RuleParser:
     """The default parser: joining words, determiners, numbers and place phrases.
 
     Splits at "and", commas, "with", "plus", "next to", "alongside", "as well as", "together
-    with", … when a noun phrase (a determiner or number) or a place phrase follows; glues
+    with", … when a noun phrase (a determiner or number) or a place phrase follows, and an
+    article-free list ("red circle & blue square", "red circle, blue square and green
+    triangle") when each of its phrases has two words or more (`_bare_pieces`); glues
     modifier segments back on ("a red circle, small", "on the left, a red circle"); drops
     framing ("a picture of", "there is") and a background clause; reads relations ("a circle
     above a square", "to the left of") as places; expands counts ("two red circles") into one
@@ -239,8 +287,8 @@ class RuleParser:
         objects: list[list[str]] = []  # each object's segments
         places: list[Anchor | None] = []  # a relation's place per object
         pending: list[str] = []  # place-only segments waiting for their object
-        segments = _split_segments(body)
-        for k, (segment, joiner, relation) in enumerate(segments):
+        segments = _split_bare(_split_segments(body))
+        for k, (segment, joiner, relation, opens) in enumerate(segments):
             segment = _FRAMING.sub("", segment)
             if not segment.strip(" ,.;"):
                 continue
@@ -257,7 +305,7 @@ class RuleParser:
                     objects[-1].append(segment)
                 else:
                     pending.append(segment)
-            elif _starts_object(segment) or not objects:
+            elif opens or _starts_object(segment) or not objects:
                 objects.append([*pending, segment])
                 places.append(relation[1] if relation else None)
                 pending = []

@@ -12,7 +12,9 @@ one JSON object.
 Kinds of goals (--kinds): 1, 2 and 3 objects with their places ("a small red circle on the
 left and ..."); 2-noplace, two objects without place words (the planner places them);
 2-phrased, two placed objects joined by a comma, "with", "plus", "as well as", "together
-with" or "alongside" instead of "and".
+with" or "alongside" instead of "and"; 2-bare, two placed objects without articles, as
+prompts are often typed ("small red circle on the left & blue square on the right"), joined
+by "and", "&", "plus" or a semicolon.
 
 Another reviser, or the search reviser with options: --reviser NAME and --reviser-option
 KEY=VALUE (repeatable; options the reviser's constructor does not take are reported and left
@@ -42,6 +44,7 @@ import argparse
 import inspect
 import json
 import math
+import re
 import sys
 import tempfile
 import time
@@ -77,21 +80,27 @@ def sample_baselines(
             [scores[i * n_max:(i + 1) * n_max] for i in range(len(goals))])
 
 
-KINDS = ("1", "2", "3", "2-noplace", "2-phrased")
+KINDS = ("1", "2", "3", "2-noplace", "2-phrased", "2-bare")
 JOINERS = (", ", " with ", " plus ", " as well as ", " together with ", " alongside ")
 """How 2-phrased goals join their two object phrases, in turn."""
+BARE_JOINERS = (" and ", " & ", " plus ", "; ")
+"""How 2-bare goals join their two article-free object phrases, in turn."""
+SEED_OFFSETS = {"2-noplace": 10, "2-phrased": 20, "2-bare": 30}
 
 
 def goals_of(kind: str, n: int, seed: int) -> list[world.Goal]:
     """Held-out goals of a kind (see the module docstring); the same seed, the same goals."""
     if kind in ("1", "2", "3"):
         return world.heldout_goals(n, objects=int(kind), seed=seed + int(kind))
-    goals = world.heldout_goals(n, objects=2, seed=seed + (20 if kind == "2-phrased" else 10))
+    goals = world.heldout_goals(n, objects=2, seed=seed + SEED_OFFSETS[kind])
     out = []
     for i, g in enumerate(goals):
         if kind == "2-noplace":
             objects = [{k: v for k, v in o.items() if k != "position"} for o in g.objects]
             out.append(world.Goal(" and ".join(world.object_phrase(o) for o in objects), objects))
+        elif kind == "2-bare":
+            phrases = [re.sub(r"^(?:a|an)\s+", "", world.object_phrase(o)) for o in g.objects]
+            out.append(world.Goal(BARE_JOINERS[i % len(BARE_JOINERS)].join(phrases), g.objects))
         else:
             text = JOINERS[i % len(JOINERS)].join(world.object_phrase(o) for o in g.objects)
             out.append(world.Goal(text, g.objects))

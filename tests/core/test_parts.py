@@ -25,6 +25,9 @@ from agentloop.parts import (
 LEFT, RIGHT, TOP, BOTTOM, CENTER = (0.25, 0.5), (0.75, 0.5), (0.5, 0.25), (0.5, 0.75), (0.5, 0.5)
 
 
+OBJECTS_FOR_BARE = st.sampled_from(["circle", "square", "cat", "dog", "ring", "house", "tree", "box"])
+
+
 def parse(text: str) -> list[tuple[str, tuple[float, float] | None]]:
     return [(p.subject, p.place) for p in RuleParser().parse(text)]
 
@@ -65,8 +68,28 @@ def parse(text: str) -> list[tuple[str, tuple[float, float] | None]]:
          [("a red circle", TOP), ("a blue square", BOTTOM)]),
         ("a tiny red circle and a huge blue square, on a white background",
          [("a tiny red circle", None), ("a huge blue square", None)]),
+        ("a red circle and also a blue square", [("a red circle", None), ("a blue square", None)]),
+        ("a red circle & a blue square", [("a red circle", None), ("a blue square", None)]),
+        # article-free lists: every phrase two words or more
+        ("red circle and blue square", [("red circle", None), ("blue square", None)]),
+        ("Red circle & blue square", [("Red circle", None), ("blue square", None)]),
+        ("red circle plus blue square", [("red circle", None), ("blue square", None)]),
+        ("red circle; blue square", [("red circle", None), ("blue square", None)]),
+        ("red circle, blue square, and green triangle",
+         [("red circle", None), ("blue square", None), ("green triangle", None)]),
+        ("small red circle on the left and big blue square at the top",
+         [("small red circle", LEFT), ("big blue square", TOP)]),
+        ("two red circles and blue square",
+         [("a red circle", None), ("a red circle", None), ("blue square", None)]),
+        ("red circle and blue square on a white background",
+         [("red circle", None), ("blue square", None)]),
+        ("red circle and blue square, highly detailed",  # a modifier after the list
+         [("red circle", None), ("blue square, highly detailed", None)]),
         # one object: "and" inside a noun phrase, "plus sign", a place, a modifier
         ("a black and white cat", [("a black and white cat", None)]),
+        ("a red and blue circle", [("a red and blue circle", None)]),
+        ("salt and pepper shaker", [("salt and pepper shaker", None)]),
+        ("a cat, highly detailed, sharp focus", [("a cat, highly detailed, sharp focus", None)]),
         ("a red plus sign on the left", [("a red plus sign", LEFT)]),
         ("a red circle on the left, small", [("a red circle, small", LEFT)]),
         ("a red circle on the left side of the picture", [("a red circle", LEFT)]),
@@ -74,6 +97,16 @@ def parse(text: str) -> list[tuple[str, tuple[float, float] | None]]:
 )
 def test_rule_parser_reads_parts_and_places(goal: str, expected: list) -> None:
     assert parse(goal) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["red", "blue", "green", "small", "large"]), OBJECTS_FOR_BARE),
+                min_size=2, max_size=4),
+       st.sampled_from([" and ", " & ", " plus ", "; "]))
+def test_article_free_lists_parse_back(objects, last) -> None:  # noqa: ANN001
+    phrases = [f"{adjective} {noun}" for adjective, noun in objects]
+    goal = ", ".join(phrases[:-1]) + last + phrases[-1]
+    assert [p.subject for p in RuleParser().parse(goal)] == phrases, goal
 
 
 def test_counts_become_one_part_each_with_distinct_keys() -> None:
