@@ -75,11 +75,18 @@ PLACE_PHRASE = re.compile(
 """A place phrase: "on the left", "to the right side", "at the top", "on top", "in the top
 left corner", "near the bottom edge of the image"."""
 _FRAMING = re.compile(
-    r"^\s*(?:(?:a|an|the)\s+(?:picture|image|photo|photograph|drawing|painting|render|"
-    r"illustration|scene)\s+(?:of|with|showing)\s+|there\s+(?:is|are)\s+|(?:draw|show|"
-    r"generate|make|create)(?:\s+me)?\s+)",
+    r"^\s*(?:(?:please|kindly|now)\s+|(?:can|could|would|will)\s+you\s+|"
+    r"i\s*(?:want|need|would\s+like|'d\s+like)\s+(?:to\s+see\s+|you\s+to\s+)?|"
+    r"(?:let'?s|let\s+us)\s+|give\s+me\s+|"
+    r"(?:draw|show|generate|make|create|render|paint|put|place|add|produce|depict|"
+    rf"illustrate|sketch|design)(?:\s+(?:me|us)\s+|\s+(?={_DET}\s))|"
+    r"(?:a|an|the)\s+(?:picture|image|photo|photograph|drawing|painting|render|"
+    r"illustration|scene)\s+(?:of|with|showing)\s+|there\s+(?:is|are)\s+)+",
     re.IGNORECASE,
 )
+"""Framing before the objects, any number in a row: "please draw me a picture of", "can you
+make", "I want to see", "there is", "put" (a verb only before a determiner or "me": "place
+setting" stays)."""
 _SCENE = re.compile(
     r",?\s*\b(?:on|against|with|over)\s+(?:an?\s+|the\s+)?(?:[\w-]+\s+){0,3}background\b"
     r"|[,;]\s*(?:an?\s+|the\s+)?(?:[\w-]+\s+){0,3}background\s*[.!]?\s*$",
@@ -264,7 +271,7 @@ def _scale_of(phrase: str) -> float:
 
 
 def _tidy(phrase: str) -> str:
-    return re.sub(r"\s+", " ", re.sub(r"\s+,", ",", phrase)).strip(" ,.;")
+    return re.sub(r"\s+", " ", re.sub(r"\s+,", ",", phrase)).strip(" ,.;?!")
 
 
 class RuleParser:

@@ -70,6 +70,21 @@ def parse(text: str) -> list[tuple[str, tuple[float, float] | None]]:
          [("a tiny red circle", None), ("a huge blue square", None)]),
         ("a red circle and also a blue square", [("a red circle", None), ("a blue square", None)]),
         ("a red circle & a blue square", [("a red circle", None), ("a blue square", None)]),
+        # requests around the objects are framing, not part of the first one
+        ("please draw a red circle and a blue square",
+         [("a red circle", None), ("a blue square", None)]),
+        ("could you please draw me a picture of a red circle and a blue square!",
+         [("a red circle", None), ("a blue square", None)]),
+        ("can you make a red circle and a blue square?",
+         [("a red circle", None), ("a blue square", None)]),
+        ("I would like to see a red circle above a blue square",
+         [("a red circle", TOP), ("a blue square", BOTTOM)]),
+        ("put a red circle on the left and a blue square on the right",
+         [("a red circle", LEFT), ("a blue square", RIGHT)]),
+        ("give me two red circles and a blue square",
+         [("a red circle", None), ("a red circle", None), ("a blue square", None)]),
+        ("place setting with a red plate and a blue cup",  # a verb only before a determiner
+         [("place setting", None), ("a red plate", None), ("a blue cup", None)]),
         # article-free lists: every phrase two words or more
         ("red circle and blue square", [("red circle", None), ("blue square", None)]),
         ("Red circle & blue square", [("Red circle", None), ("blue square", None)]),
