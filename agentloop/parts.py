@@ -47,7 +47,7 @@ _DET = r"(?:a pair of|a couple of|an?|the|one|another|some|two|three|four|five|s
 # Joining words that start a new object when a noun phrase follows ("with a blue square",
 # "plus two rings"); "a black and white cat", "a plus sign" and "a ring with red" stay one.
 _JOINERS = (
-    r";", r",\s*and", r",\s*plus", r",", r"\band\s+also", r"\band", r"\bplus", r"&", r"\bwith", r"\bas well as",
+    r";", r"\.(?=\s)", r",\s*and(?:\s+then)?", r",\s*plus", r",", r"\band\s+also", r"\band", r"\bplus", r"&", r"\bwith", r"\bas well as",
     r"\btogether with", r"\balong with", r"\balongside", r"\baccompanied by", r"\bbeside",
     r"\bnext to", r"\bbesides",
 )
@@ -79,7 +79,7 @@ _FRAMING = re.compile(
     r"i\s*(?:want|need|would\s+like|'d\s+like)\s+(?:to\s+see\s+|you\s+to\s+)?|"
     r"(?:let'?s|let\s+us)\s+|give\s+me\s+|"
     r"(?:draw|show|generate|make|create|render|paint|put|place|add|produce|depict|"
-    rf"illustrate|sketch|design)(?:\s+(?:me|us)\s+|\s+(?={_DET}\s))|"
+    rf"illustrate|sketch|design)(?:\s+(?:me|us)\s+|\s*:\s*|\s+(?={_DET}\s))|"
     r"(?:a|an|the)\s+(?:picture|image|photo|photograph|drawing|painting|render|"
     r"illustration|scene)\s+(?:of|with|showing)\s+|there\s+(?:is|are)\s+)+",
     re.IGNORECASE,
@@ -87,6 +87,39 @@ _FRAMING = re.compile(
 """Framing before the objects, any number in a row: "please draw me a picture of", "can you
 make", "I want to see", "there is", "put" (a verb only before a determiner or "me": "place
 setting" stays)."""
+_LEADING_VERB = re.compile(
+    r"^\s*(?:draw|show|generate|make|create|render|paint|put|place|add|produce|depict|"
+    r"illustrate|sketch|design)\s+(?=\S)",
+    re.IGNORECASE,
+)
+"""A request verb that opens a goal without a determiner after it ("draw red circle and blue
+square"): framing only when what follows is an article-free list (`_drop_leading_verb`)."""
+_PAREN_PLACE = re.compile(
+    rf"\s*\(\s*(?:(?:on|at|in|to)\s+)?(?:the\s+)?({_SIDE}(?:[\s-]+{_SIDE})?)"
+    rf"(?:\s+(?:side|part|half|corner|edge|area))?\s*\)",
+    re.IGNORECASE,
+)
+"""A place in brackets after an object: "a red circle (left)", "a blue square (top right)"."""
+_LABELLED_PLACE = re.compile(
+    rf"(^|[,;&.]|\band\b|\bplus\b)(\s*)(?:the\s+)?({_SIDE}(?:[\s-]+{_SIDE})?)\s*:\s*"
+    r"(.+?)(?=\s*(?:[,;&.]|\band\b|\bplus\b|$))",
+    re.IGNORECASE,
+)
+"""A place written as a label before its object: "left: a red circle, right: a blue square"."""
+_TRAILING_SIDE = re.compile(
+    rf"(?<!\bthe)(?<!\bon)(?<!\bat)(?<!\bin)(?<!\bto)\s+({_SIDE}(?:[\s-]+{_SIDE})?)\s*$",
+    re.IGNORECASE,
+)
+_LIST_SEPARATOR = re.compile(r"\s*(?:[,;&]|\band\b|\bplus\b)\s*", re.IGNORECASE)
+_PAIR_PLACES: tuple[tuple[re.Pattern[str], Anchor, Anchor], ...] = (
+    (re.compile(r",?\s*\b(?:side\s+by\s+side|next\s+to\s+each\s+other|beside\s+each\s+other|"
+                r"left\s+and\s+right)\b", re.IGNORECASE), (0.25, 0.5), (0.75, 0.5)),
+    (re.compile(r",?\s*\b(?:one\s+above\s+the\s+other|stacked(?:\s+vertically)?|"
+                r"on\s+top\s+of\s+each\s+other|top\s+and\s+bottom)\s*$", re.IGNORECASE),
+     (0.5, 0.25), (0.5, 0.75)),
+)
+"""Phrases that place a pair of objects together ("a cat and a dog side by side": the first on
+the left, the second on the right; "stacked": the first on top)."""
 _SCENE = re.compile(
     r",?\s*\b(?:on|against|with|over)\s+(?:an?\s+|the\s+)?(?:[\w-]+\s+){0,3}background\b"
     r"|[,;]\s*(?:an?\s+|the\s+)?(?:[\w-]+\s+){0,3}background\s*[.!]?\s*$",
@@ -222,6 +255,13 @@ def _bare_pieces(segment: str) -> list[str]:
     """An article-free list's noun phrases (the segment alone when it is not one)."""
     joiners = list(_BARE_JOINER.finditer(segment))
     if not joiners:
+        # a list by commas alone is a list when each phrase states its own place
+        # ("red circle on the left, blue square on the right")
+        pieces = [p for p in re.split(r"\s*,\s*", segment) if p.strip(" ,.;")]
+        if len(pieces) > 1 and all(
+            PLACE_PHRASE.search(p) and len(_content_words(p)) >= BARE_MIN_WORDS for p in pieces
+        ):
+            return pieces
         return [segment]
     last = joiners[-1]
     head = re.split(r"\s*,\s*", segment[: last.start()])
@@ -244,6 +284,62 @@ def _split_bare(
         out.append((first, joiner, relation, False))
         out.extend((p, "and", None, True) for p in rest)
     return out
+
+
+def _drop_leading_verb(body: str) -> str:
+    """The body without its opening request verb when the rest is an article-free list
+    ("draw red circle and blue square"); "place setting with a red plate" and "paint
+    splatter" keep their first word, since the rest alone is no list."""
+    m = _LEADING_VERB.match(body)
+    if m is None:
+        return body
+    rest = body[m.end():]
+    first = _split_segments(rest)[0][0]
+    return rest if len(_bare_pieces(first)) > 1 else body
+
+
+def _bracketed_places(text: str) -> str:
+    """Bracketed places as place phrases: "a red circle (left)" -> "a red circle on the left"."""
+
+    def words(m: re.Match[str]) -> str:
+        side = re.sub(r"[\s-]+", " ", m.group(1).lower())
+        corner = " corner" if len(side.split()) == 2 and side.split()[1] in ("left", "right") else ""
+        return f" on the {side}{corner}"
+
+    return _PAREN_PLACE.sub(words, text)
+
+
+def _places_in_words(body: str) -> str:
+    """Places written without a preposition, as place phrases: labels ("left: a red circle,
+    right: a blue square") and side words after every object of a list ("red circle left,
+    blue square right"; only when every object of the list ends with one, so "a red spinning
+    top and a blue ball" keeps its top)."""
+    body = _LABELLED_PLACE.sub(
+        lambda m: f"{m.group(1)}{m.group(2)}{m.group(4).strip()} on the {m.group(3)}", body
+    )
+    pieces = _LIST_SEPARATOR.split(body)
+    ends = [_TRAILING_SIDE.search(p) for p in pieces]
+    if len(pieces) < 2 or not all(ends) or any(
+        len(_content_words(p[: e.start()])) < 1 for p, e in zip(pieces, ends, strict=True) if e
+    ):
+        return body
+    out, last = [], 0
+    for sep in [*_LIST_SEPARATOR.finditer(body), None]:
+        end = sep.start() if sep else len(body)
+        piece = body[last:end]
+        m = _TRAILING_SIDE.search(piece)
+        out.append(f"{piece[: m.start()]} on the {m.group(1)}" if m else piece)
+        out.append(sep.group(0) if sep else "")
+        last = sep.end() if sep else end
+    return "".join(out)
+
+
+def _pair_places(body: str) -> tuple[str, tuple[Anchor, Anchor] | None]:
+    """The body without a phrase that places a pair ("side by side"), and that pair's places."""
+    for pattern, first, second in _PAIR_PLACES:
+        if pattern.search(body):
+            return _tidy(pattern.sub("", body)), (first, second)
+    return body, None
 
 
 def _count_of(phrase: str) -> tuple[int, str]:
@@ -290,7 +386,9 @@ class RuleParser:
     name = "rules"
 
     def parse(self, text: str) -> tuple[Part, ...]:
-        body = _SCENE.sub("", _FRAMING.sub("", text.strip()))
+        body = _SCENE.sub("", _FRAMING.sub("", _bracketed_places(text.strip())))
+        body = _places_in_words(_drop_leading_verb(body))
+        body, pair = _pair_places(body)
         objects: list[list[str]] = []  # each object's segments
         places: list[Anchor | None] = []  # a relation's place per object
         pending: list[str] = []  # place-only segments waiting for their object
@@ -320,6 +418,8 @@ class RuleParser:
                 objects[-1].append(segment)
         if pending and objects:
             objects[-1].extend(pending)
+        if pair is not None and len(objects) == 2 and places == [None, None]:
+            places = list(pair)
         return self._parts(objects, places)
 
     def _parts(self, objects: list[list[str]], places: list[Anchor | None]) -> tuple[Part, ...]:

@@ -85,6 +85,40 @@ def parse(text: str) -> list[tuple[str, tuple[float, float] | None]]:
          [("a red circle", None), ("a red circle", None), ("a blue square", None)]),
         ("place setting with a red plate and a blue cup",  # a verb only before a determiner
          [("place setting", None), ("a red plate", None), ("a blue cup", None)]),
+        # a request verb before an article-free list, and bracketed places
+        ("draw red circle and blue square", [("red circle", None), ("blue square", None)]),
+        ("Create small red circle, blue square and green triangle",
+         [("small red circle", None), ("blue square", None), ("green triangle", None)]),
+        ("paint splatter and red splash",  # the rest alone is no list: "paint" stays
+         [("paint splatter", None), ("red splash", None)]),
+        ("draw a red circle (left) and a blue square (top right)",
+         [("a red circle", LEFT), ("a blue square", (0.75, 0.25))]),
+        ("a red circle (on the left), a blue square (right side)",
+         [("a red circle", LEFT), ("a blue square", RIGHT)]),
+        ("a cat (sleeping) and a dog", [("a cat (sleeping)", None), ("a dog", None)]),
+        # places as labels, as side words after every object, or for the pair
+        ("left: red circle, right: blue square", [("red circle", LEFT), ("blue square", RIGHT)]),
+        ("left: a red circle and right: a blue square",
+         [("a red circle", LEFT), ("a blue square", RIGHT)]),
+        ("Top: a big red circle. Bottom: a small blue square.",
+         [("a big red circle", TOP), ("a small blue square", BOTTOM)]),
+        ("the top left: a red circle; bottom right: a blue square",
+         [("a red circle", (0.25, 0.25)), ("a blue square", (0.75, 0.75))]),
+        ("red circle left, blue square right", [("red circle", LEFT), ("blue square", RIGHT)]),
+        ("red circle top, blue square bottom", [("red circle", TOP), ("blue square", BOTTOM)]),
+        ("red circle on left, blue square on right",
+         [("red circle", LEFT), ("blue square", RIGHT)]),
+        ("a red spinning top and a blue ball",  # not every object ends in a side word
+         [("a red spinning top", None), ("a blue ball", None)]),
+        ("a red circle and a blue square side by side",
+         [("a red circle", LEFT), ("a blue square", RIGHT)]),
+        ("a red circle and a blue square, stacked",
+         [("a red circle", TOP), ("a blue square", BOTTOM)]),
+        # sentences, "and then", a colon after the request
+        ("A red circle. A blue square.", [("A red circle", None), ("A blue square", None)]),
+        ("a red circle, and then a blue square", [("a red circle", None), ("a blue square", None)]),
+        ("Draw: a red circle and a blue square.", [("a red circle", None), ("a blue square", None)]),
+        ("a 2.5 inch cube and a red ball", [("a 2.5 inch cube", None), ("a red ball", None)]),
         # article-free lists: every phrase two words or more
         ("red circle and blue square", [("red circle", None), ("blue square", None)]),
         ("Red circle & blue square", [("Red circle", None), ("blue square", None)]),
