@@ -14,7 +14,9 @@ left and ..."); 2-noplace, two objects without place words (the planner places t
 2-phrased, two placed objects joined by a comma, "with", "plus", "as well as", "together
 with" or "alongside" instead of "and"; 2-bare, two placed objects without articles, as
 prompts are often typed ("small red circle on the left & blue square on the right"), joined
-by "and", "&", "plus" or a semicolon.
+by "and", "&", "plus" or a semicolon; 2-labels, two placed objects whose places are written
+as labels ("left: a red circle, right: a blue square"), side words ("red circle left, blue
+square right"), brackets ("a red circle (left) and ...") or two sentences.
 
 Another reviser, or the search reviser with options: --reviser NAME and --reviser-option
 KEY=VALUE (repeatable; options the reviser's constructor does not take are reported and left
@@ -80,12 +82,16 @@ def sample_baselines(
             [scores[i * n_max:(i + 1) * n_max] for i in range(len(goals))])
 
 
-KINDS = ("1", "2", "3", "2-noplace", "2-phrased", "2-bare")
+KINDS = ("1", "2", "3", "2-noplace", "2-phrased", "2-bare", "2-labels")
 JOINERS = (", ", " with ", " plus ", " as well as ", " together with ", " alongside ")
 """How 2-phrased goals join their two object phrases, in turn."""
 BARE_JOINERS = (" and ", " & ", " plus ", "; ")
 """How 2-bare goals join their two article-free object phrases, in turn."""
-SEED_OFFSETS = {"2-noplace": 10, "2-phrased": 20, "2-bare": 30}
+LABEL_FORMS = ("{p0}: {o0}, {p1}: {o1}", "{b0} {p0}, {b1} {p1}", "{o0} ({p0}) and {o1} ({p1})",
+               "{O0} on the {p0}. {O1} on the {p1}.")
+"""How 2-labels goals write two placed objects' places, in turn: as labels, as a side word
+after each object, in brackets, as two sentences."""
+SEED_OFFSETS = {"2-noplace": 10, "2-phrased": 20, "2-bare": 30, "2-labels": 40}
 
 
 def goals_of(kind: str, n: int, seed: int) -> list[world.Goal]:
@@ -101,6 +107,14 @@ def goals_of(kind: str, n: int, seed: int) -> list[world.Goal]:
         elif kind == "2-bare":
             phrases = [re.sub(r"^(?:a|an)\s+", "", world.object_phrase(o)) for o in g.objects]
             out.append(world.Goal(BARE_JOINERS[i % len(BARE_JOINERS)].join(phrases), g.objects))
+        elif kind == "2-labels":
+            unplaced = [world.object_phrase({k: v for k, v in o.items() if k != "position"})
+                        for o in g.objects]
+            fields = {}
+            for j, (o, phrase) in enumerate(zip(g.objects, unplaced, strict=True)):
+                fields |= {f"o{j}": phrase, f"O{j}": phrase[0].upper() + phrase[1:],
+                           f"b{j}": re.sub(r"^(?:a|an)\s+", "", phrase), f"p{j}": o["position"]}
+            out.append(world.Goal(LABEL_FORMS[i % len(LABEL_FORMS)].format(**fields), g.objects))
         else:
             text = JOINERS[i % len(JOINERS)].join(world.object_phrase(o) for o in g.objects)
             out.append(world.Goal(text, g.objects))
