@@ -246,6 +246,14 @@ before the list is split: "red circle and blue square" is two objects, "a black 
 cat" and "salt and pepper" stay one."""
 
 
+COLOR_WORDS = frozenset(
+    "red orange yellow green cyan blue purple pink white black gray grey brown violet magenta "
+    "teal navy beige gold golden silver turquoise maroon crimson scarlet indigo".split()
+)
+"""Colors: a phrase of an article-free list that ends in one names no object yet ("dark blue
+and light green stripes" is one part, striped in two colors)."""
+
+
 def _content_words(phrase: str) -> list[str]:
     words = re.findall(r"[a-z0-9'-]+", PLACE_PHRASE.sub(" ", phrase).lower())
     return [w for w in words if w not in DETERMINERS]
@@ -267,7 +275,12 @@ def _bare_pieces(segment: str) -> list[str]:
     head = re.split(r"\s*,\s*", segment[: last.start()])
     pieces = [q for h in head for q in _BARE_JOINER.split(h)] + [segment[last.end():]]
     pieces = [p for p in pieces if p.strip(" ,.;")]
-    if len(pieces) > 1 and all(len(_content_words(p)) >= BARE_MIN_WORDS for p in pieces):
+    words = [_content_words(p) for p in pieces]
+    if (
+        len(pieces) > 1
+        and all(len(w) >= BARE_MIN_WORDS for w in words)
+        and not any(w[-1] in COLOR_WORDS for w in words[:-1])
+    ):
         return pieces
     return [segment]
 

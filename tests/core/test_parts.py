@@ -138,6 +138,7 @@ def parse(text: str) -> list[tuple[str, tuple[float, float] | None]]:
         ("a black and white cat", [("a black and white cat", None)]),
         ("a red and blue circle", [("a red and blue circle", None)]),
         ("salt and pepper shaker", [("salt and pepper shaker", None)]),
+        ("dark blue and light green stripes", [("dark blue and light green stripes", None)]),
         ("a cat, highly detailed, sharp focus", [("a cat, highly detailed, sharp focus", None)]),
         ("a red plus sign on the left", [("a red plus sign", LEFT)]),
         ("a red circle on the left, small", [("a red circle, small", LEFT)]),
