@@ -105,6 +105,10 @@ class Settings(BaseSettings):
     free slot and received none, is taken to have stopped consuming and exits (code 70) for
     its supervisor to restart it (`workers/watchdog.py`). 0: off."""
 
+    engine_dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
+    """The denoiser's dtype (`EngineConfig.dtype`). "auto": bfloat16 on CUDA and on CPUs with
+    native bfloat16 (AVX512-BF16, AMX), float32 elsewhere (`engine.config.auto_dtype`)."""
+
     engine_compile: Literal["auto", "on", "off"] = "auto"
     """Regional compilation of the denoiser (`EngineConfig.compile`). "auto": a Celery worker
     compiles on every device (it lives for thousands of generations; the first batches pay

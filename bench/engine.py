@@ -10,8 +10,11 @@ default steps, guidance (true CFG against the empty prompt) and size.
   FirstBlockCache at a few thresholds, TaylorSeer, MagCache (the model's calibration,
   ``magcache.json``). ``diffusers best`` names the fastest whose checker accuracy is within
   2 points of vanilla's.
-- ``runner ...``: the engine's runner (``max_batch = --batch``) with every switch off, each
-  switch alone, and all of them together (``ALL``). Rows are ``EngineConfig`` keyword
+- ``bf16 vanilla``, ``bf16 diffusers <cache>`` (``--vanilla-bf16``): the same, loaded with
+  ``torch_dtype=torch.bfloat16``: references beside the targets, which stay against the
+  default load (float32, as ``from_pretrained`` gives it).
+- ``runner ...``: the engine's runner (``max_batch = --batch``) with every switch off (float32
+  included), each switch alone, and all of them together (``ALL``). Rows are ``EngineConfig`` keyword
   arguments (``SWITCHES``); a switch this build's EngineConfig does not have is reported as
   missing and its row skipped, so the table grows as switches land. ``runner, worker
   defaults`` is what a Celery worker runs by default: the engine's defaults plus regional
@@ -61,7 +64,7 @@ from engine.types import GenerationRequest, ScoreRequest  # noqa: E402
 
 OFF: dict[str, Any] = {
     "own_loop": False, "cfg_truncation": 1.0, "text_embedding_cache": False, "step_cache": "none",
-    "compile": False, "solver": "euler",
+    "compile": False, "solver": "euler", "dtype": "float32",
 }  # fmt: skip
 """Every switch off: the runner's unoptimized path (fields this build lacks are left out)."""
 
@@ -72,6 +75,7 @@ SWITCHES: dict[str, dict[str, Any]] = {
     "step cache": {"step_cache": "agentloop"},
     "compile": {"compile": True},
     "solver": {"own_loop": True, "solver": "dpm++2m"},
+    "bfloat16": {"dtype": "bfloat16"},
 }
 """One row per switch (EngineConfig kwargs on top of OFF); add a line for a new switch."""
 
@@ -159,17 +163,24 @@ def _config(base: EngineConfig, kwargs: dict[str, Any]) -> tuple[EngineConfig, l
     return EngineConfig(**values), missing
 
 
+BF16 = "bf16 "
+"""Name prefix of the reference rows that load vanilla diffusers in bfloat16 (``--vanilla-bf16``)."""
+
+
 def vanilla_rows(folder: str, prompts: list[str], spec: dict[str, Any], batch: int,
-                 caches: dict[str, Any]) -> list[Row]:  # fmt: skip
-    """Vanilla diffusers, and the same pipeline with each of diffusers' caches."""
+                 caches: dict[str, Any], bf16: bool = False) -> list[Row]:  # fmt: skip
+    """Vanilla diffusers, and the same pipeline with each of diffusers' caches (and with
+    ``bf16``, all of them again loaded with ``torch_dtype=torch.bfloat16``)."""
     from diffusers import FluxPipeline
 
     from engine.loading import _quiet_loading
 
     _quiet_loading()
     rows = []
-    for name, cache in {"vanilla": None, **caches}.items():
-        pipe = FluxPipeline.from_pretrained(folder)
+    kinds = [(name, cache, dtype) for dtype in ([torch.float32, torch.bfloat16] if bf16 else [torch.float32])
+             for name, cache in {"vanilla": None, **caches}.items()]  # fmt: skip
+    for name, cache, dtype in kinds:
+        pipe = FluxPipeline.from_pretrained(folder, torch_dtype=dtype)
         pipe.set_progress_bar_config(disable=True)
         if cache is not None:
             pipe.transformer.enable_cache(cache)
@@ -187,7 +198,8 @@ def vanilla_rows(folder: str, prompts: list[str], spec: dict[str, Any], batch: i
                 ).images)  # fmt: skip
             return out
 
-        rows.append(Row(name if cache is None else f"diffusers {name}", run, pipe.transformer, len(prompts)))
+        label = (name if cache is None else f"diffusers {name}")
+        rows.append(Row(f"{BF16 if dtype == torch.bfloat16 else ''}{label}", run, pipe.transformer, len(prompts)))
     return rows
 
 
@@ -295,6 +307,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     help="leave these switches' own rows out (the all-on row keeps them)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--seed", type=int, default=0, help="held-out goal draw")
+    ap.add_argument("--vanilla-bf16", action="store_true",
+                    help="also vanilla diffusers and its caches loaded in bfloat16 (reference "
+                    "rows; the targets stay against the default float32 load)")
     ap.add_argument("--magcache-file", default=None,
                     help="MagCache calibration for the magcache rows (default: the model "
                     "folder's magcache.json; `python -m engine.calibrate_magcache --out`)")
@@ -334,7 +349,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     # what a Celery worker runs by default (AGENTLOOP_ENGINE_COMPILE=auto compiles there)
     configs[f"runner, worker defaults ({default_steps} steps)"] = {STEPS: default_steps, "compile": True}
     start = time.perf_counter()
-    rows = vanilla_rows(folder, prompts, spec, batch, caches)
+    rows = vanilla_rows(folder, prompts, spec, batch, caches, bf16=args.vanilla_bf16)
     ours, skipped = runner_rows(args.model, prompts, spec, base, configs)
     rows += ours
     measure(rows, args.repeats, batch)
@@ -363,9 +378,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     targets: dict[str, Any] = {"diffusers_best": best}
     defaults_row = next((n for n in figures if n.startswith("runner, defaults")), None)
     worker_row = next((n for n in figures if n.startswith("runner, worker defaults")), None)
+    bf16_base = figures.get(f"{BF16}vanilla")
+    bf16_best = max((n for n in figures if n.startswith(f"{BF16}diffusers ")
+                     and bf16_base and figures[n]["accuracy"] >= bf16_base["accuracy"] - ACCURACY_SLACK - 1e-9),
+                    key=lambda n: figures[n]["images_per_s"], default=None)  # fmt: skip
     for key, name in (("defaults", defaults_row), ("worker_defaults", worker_row), ("all_on", "runner, all on")):
         if name in figures:
             targets[key] = _against_targets(name, figures, base_acc, best)
+            if bf16_base:  # the same rows against diffusers loaded in bfloat16 (reference)
+                targets[key]["vs_bf16_vanilla"] = round(figures[name]["images_per_s"] / bf16_base["images_per_s"], 3)
+            if bf16_best:
+                targets[key]["vs_bf16_diffusers_best"] = round(
+                    figures[name]["images_per_s"] / figures[bf16_best]["images_per_s"], 3)
 
     print(f"\n{args.model}, {len(prompts)} held-out one-object goals, {spec['steps']} steps, "
           f"CFG {spec['guidance']}, {spec['size']}px, batch {batch}, median of {args.repeats} "

@@ -47,6 +47,10 @@ on the region's prompt; cosines, higher is better):
                   scores (self-consistency across the N samples)
   parts+consensus parts-region + consensus-min (and /2: half of it)
   own+consensus-min  0.5 * whole + 0.5 * the weakest part's (own + consensus)
+  zpart-min       the weakest part after standardizing each part's cos over the goal's
+                  images (how the part reads against the same part in the other samples)
+  z-parts         0.5 * (standardized whole + zpart-min)
+  z-sum           standardized whole + the sum of the standardized part scores
 
 With ``--diffusion``, the generator itself as a part verifier (a diffusion classifier, Li et
 al. 2023, region-weighted; `diffusion_fit`):
@@ -97,7 +101,7 @@ OBJECTIVES = (
     "region-min", "parts-mean", "parts-mix", "margin-min", "prob-min", "logprob-sum",
     "presence-min", "contrast-min", "whole+margin", "parts+margin", "verified",
     "verified-blank", "goal-contrast", "consensus-min", "parts+consensus", "parts+consensus/2",
-    "own+consensus-min",
+    "own+consensus-min", "zpart-min", "z-parts", "z-sum",
 )
 DIFFUSION_OBJECTIVES = ("diffusion-min", "parts+diffusion")
 """Objectives that need ``--diffusion`` (the generator loaded to judge)."""
@@ -239,7 +243,7 @@ def diffusion_fit(runner: Any, images: list[Image.Image], regions: list[Region])
     pipe, n, p = runner.pipe, len(images), len(regions)
     vae = pipe.vae
     pixels = torch.from_numpy(np.stack([np.asarray(im) for im in images]))
-    z = vae.encode(pixels.permute(0, 3, 1, 2).float() / 127.5 - 1.0).latent_dist.mode()
+    z = vae.encode((pixels.permute(0, 3, 1, 2).float() / 127.5 - 1.0).to(vae.dtype)).latent_dist.mode()
     z = (z - (vae.config.shift_factor or 0.0)) * vae.config.scaling_factor
     c, h, w = z.shape[1:]
     x0 = FluxPipeline._pack_latents(z, n, c, h, w)
@@ -254,17 +258,23 @@ def diffusion_fit(runner: Any, images: list[Image.Image], regions: list[Region])
     fit = torch.zeros(n, p)
     for sigma in DIFFUSION_SIGMAS:
         for _ in range(DIFFUSION_NOISES):
-            noise = torch.randn(1, *x0.shape[1:], generator=g).expand(n, -1, -1)
+            noise = torch.randn(1, *x0.shape[1:], generator=g).to(x0.dtype).expand(n, -1, -1)
             x_t = ((1 - sigma) * x0 + sigma * noise).repeat_interleave(p + 1, 0)
             out = pipe.transformer(
-                hidden_states=x_t, timestep=torch.full([n * (p + 1)], sigma),
+                hidden_states=x_t, timestep=torch.full([n * (p + 1)], sigma, dtype=x0.dtype),
                 pooled_projections=pooled, encoder_hidden_states=hidden,
                 txt_ids=text_ids, img_ids=image_ids, return_dict=False,
             )[0]  # fmt: skip
             target = (noise - x0).repeat_interleave(p + 1, 0)
-            err = ((out - target) ** 2).mean(-1).reshape(n, p + 1, -1)
+            err = ((out.float() - target.float()) ** 2).mean(-1).reshape(n, p + 1, -1)
             fit += ((err[:, p:] - err[:, :p]) * weights).sum(-1)
     return (fit / (len(DIFFUSION_SIGMAS) * DIFFUSION_NOISES)).numpy()
+
+
+def _within_goal_z(x: np.ndarray) -> np.ndarray:
+    """Each column standardized over the goal's images (a part's score against the same
+    part's in the goal's other images, so a part that reads low everywhere does not decide)."""
+    return (x - x.mean(0, keepdims=True)) / (x.std(0, keepdims=True) + 1e-6)
 
 
 def _within_goal_rank(x: np.ndarray) -> np.ndarray:
@@ -337,6 +347,9 @@ def objectives(f: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         "parts+consensus": parts_region + f["consensus"].min(1),
         "parts+consensus/2": parts_region + 0.5 * f["consensus"].min(1),
         "own+consensus-min": 0.5 * whole + 0.5 * (own + f["consensus"]).min(1),
+        "zpart-min": _within_goal_z(own).min(1),
+        "z-parts": 0.5 * (_within_goal_z(whole) + _within_goal_z(own).min(1)),
+        "z-sum": _within_goal_z(whole) + _within_goal_z(own).sum(1),
     } | ({} if "diffusion" not in f else {
         "diffusion-min": f["diffusion"].min(1),
         "parts+diffusion": _within_goal_rank(parts_region) + _within_goal_rank(f["diffusion"].min(1)),

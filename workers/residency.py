@@ -58,11 +58,13 @@ class Residency:
     @classmethod
     def for_settings(cls, settings: Settings, worker: bool = False) -> Residency:
         """The residency these settings ask for: their extra models, compilation
-        (`engine_compile`; "auto" compiles in a long-lived Celery ``worker``), and the no-op
+        (`engine_compile`; "auto" compiles in a long-lived Celery ``worker``), the dtype
+        (`engine_dtype`), and the no-op
         engine when `engine_noop` is on."""
         compile_ = {"on": True, "off": False}.get(settings.engine_compile, True if worker else None)
         return cls(
-            EngineConfig(compile=compile_), extra_models=tuple(settings.extra_models),
+            EngineConfig(compile=compile_, dtype=settings.engine_dtype),
+            extra_models=tuple(settings.extra_models),
             noop=settings.engine_noop,
         )  # fmt: skip
 

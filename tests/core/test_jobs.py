@@ -7,6 +7,7 @@ import pytest
 from agentloop.domain import CandidateStatus, GoalStatus
 from agentloop.settings import Settings
 from agentloop.store import Store
+from engine.config import EngineConfig
 from tests.core.helpers import make_goal
 from workers.jobs import WorkerContext, advance_goal_job, generate_job
 from workers.residency import Residency
@@ -303,6 +304,13 @@ def test_engine_compile_setting_rejects_other_values() -> None:
         Settings(engine_compile="sometimes")
 
 
+@pytest.mark.parametrize("dtype", ["auto", "float32", "bfloat16"])
+def test_residency_takes_the_engine_dtype_setting(dtype: str) -> None:
+    assert Residency.for_settings(Settings(engine_dtype=dtype)).config.dtype == dtype
+    with pytest.raises(ValueError, match="engine_dtype"):
+        Settings(engine_dtype="float8")
+
+
 def test_residency_logs_what_the_engine_applied_when_a_model_loads(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -312,4 +320,5 @@ def test_residency_logs_what_the_engine_applied_when_a_model_loads(
     with caplog.at_level(logging.INFO, logger="workers.residency"):
         Residency().runner("tiny-dit")
     line = next(r.getMessage() for r in caplog.records if "loaded" in r.getMessage())
-    assert line.startswith("model tiny-dit loaded: cpu float32, attention native, compiled False")
+    dtype = EngineConfig().resolved_dtype("cpu")  # bfloat16 on a CPU with native bfloat16
+    assert line.startswith(f"model tiny-dit loaded: cpu {dtype}, attention native, compiled False")

@@ -18,8 +18,9 @@ def engine_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def cpu_config(engine_cache: Path) -> EngineConfig:
-    """The safe default config, pinned to the CPU so results do not depend on the machine."""
-    return EngineConfig(device="cpu", cache_dir=str(engine_cache), max_batch=4)
+    """The safe default config, pinned to the CPU and float32 so results do not depend on the
+    machine (``dtype="auto"`` is bfloat16 on a CPU with native bfloat16)."""
+    return EngineConfig(device="cpu", dtype="float32", cache_dir=str(engine_cache), max_batch=4)
 
 
 @pytest.fixture(scope="module", autouse=True)

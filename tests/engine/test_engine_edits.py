@@ -151,3 +151,23 @@ def test_edits_read_prompts_from_the_text_embedding_cache_alike(
     for a, b in zip(tiny.generate(requests), cached.generate(requests), strict=True):
         assert np.abs(_pixels(a.image) - _pixels(b.image)).max() <= 1
     assert cached.text_cache_misses >= 2
+
+
+@pytest.mark.parametrize("model", ["tiny-dit", "tiny-unet"])
+def test_every_kind_of_request_runs_in_bfloat16(cpu_config: EngineConfig, model: str) -> None:
+    """``dtype="auto"`` is bfloat16 on a CPU with native bfloat16 (and on CUDA): plain
+    samples, layouts, image-to-image and repairs all run in it and return real images."""
+    runner = Runner(model, replace(cpu_config, dtype="bfloat16"))
+    assert runner.engine_report["dtype"] == "bfloat16"
+    init = runner.generate([_plain(runner, 1)])[0].image
+    mask = Image.new("L", (32, 32))
+    mask.paste(255, (16, 0, 32, 32))
+    requests = [_plain(runner, 2, init_image=init, strength=0.5),
+                _plain(runner, 3, init_image=init, mask=mask, strength=1.0)]
+    if model == "tiny-dit":
+        regions = (Region("a red circle", *LEFT), Region("a blue square", *RIGHT))
+        requests += [_plain(runner, 4, regions=regions),
+                     _plain(runner, 5, regions=regions, init_image=init, repair_region=1)]
+    for result in runner.generate(requests):
+        pixels = _pixels(result.image)
+        assert result.image.size == (32, 32) and np.isfinite(pixels).all() and pixels.std() > 0

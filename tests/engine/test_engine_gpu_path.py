@@ -57,14 +57,43 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
     return state
 
 
-def test_auto_dtype_is_float32_on_cpu_and_bfloat16_on_cuda(fake_cuda: dict[str, object]) -> None:
-    config = EngineConfig()
-    assert config.dtype == "auto"
-    assert config.resolved_dtype("cpu") == "float32"
-    assert config.resolved_dtype("cuda:0") == "bfloat16"
-    assert config.resolve("cpu").dtype == "float32"
-    assert config.resolve("cuda").dtype == "bfloat16"
-    assert EngineConfig(dtype="float16").resolve("cpu").dtype == "float16"  # explicit wins
+@pytest.mark.parametrize("native_bf16", [False, True])
+def test_auto_dtype_is_bfloat16_on_cuda_and_on_cpus_with_native_bfloat16(
+    fake_cuda: dict[str, object], monkeypatch: pytest.MonkeyPatch, native_bf16: bool
+) -> None:
+    import torch
+
+    caps = dict(torch.cpu.get_capabilities()) | {"avx512_bf16": native_bf16, "amx_bf16": False}
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: caps)
+    config_module.cpu_has_native_bf16.cache_clear()
+    try:
+        config = EngineConfig()
+        assert config.dtype == "auto"
+        cpu = "bfloat16" if native_bf16 else "float32"
+        assert config.resolved_dtype("cpu") == cpu and config.resolve("cpu").dtype == cpu
+        assert any(f"dtype auto -> {cpu} on cpu" in n for n in config.resolve("cpu").notes)
+        assert config.resolved_dtype("cuda:0") == "bfloat16"
+        assert config.resolve("cuda").dtype == "bfloat16"
+        assert EngineConfig(dtype="float16").resolve("cpu").dtype == "float16"  # explicit wins
+        assert EngineConfig(dtype="float32").resolve("cpu").dtype == "float32"
+    finally:
+        config_module.cpu_has_native_bf16.cache_clear()
+
+
+def test_cpu_bfloat16_detection_survives_a_torch_without_capabilities(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import torch
+
+    def broken() -> dict:
+        raise RuntimeError("no cpuinfo")
+
+    monkeypatch.setattr(torch.cpu, "get_capabilities", broken)
+    config_module.cpu_has_native_bf16.cache_clear()
+    try:
+        assert EngineConfig().resolved_dtype("cpu") == "float32"
+    finally:
+        config_module.cpu_has_native_bf16.cache_clear()
 
 
 def test_cpu_resolution_turns_every_gpu_speedup_off(fake_cuda: dict[str, object]) -> None:
@@ -139,7 +168,7 @@ def test_runner_reports_what_it_chose(cpu_config: EngineConfig) -> None:
     }
     assert pinned == {"AttentionBackendName.NATIVE"}
     assert report["errors"] == {}
-    assert any("dtype auto -> float32" in note for note in report["notes"])
+    assert not any(note.startswith("dtype auto") for note in report["notes"])  # pinned
     json.dumps(report)  # plain data: benches and the API can show it as is
 
 
@@ -327,7 +356,9 @@ def test_bench_gpu_toy_runs_end_to_end(tmp_path: Path) -> None:
             assert row["error"] is None, row
             assert row["ms_per_image"] > 0 and row["reps"] == 1
         assert sum(r["engine_default"] for r in case["rows"]) == 1
-        assert rows["eager fp32"]["engine_default"]  # on a CPU the engine runs fp32 eager
+        # on a CPU the engine runs eager, in bf16 where the CPU has native bf16
+        eager = "eager bf16" if EngineConfig().resolved_dtype("cpu") == "bfloat16" else "eager fp32"
+        assert rows[eager]["engine_default"]
     flux = {r["row"]: r for r in saved["cases"][0]["rows"]}
     assert any("compile" in name for name in flux)
     assert any("FirstBlockCache" in name for name in flux)

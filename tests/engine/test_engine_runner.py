@@ -124,7 +124,7 @@ def test_tiny_dit_sizes_are_multiples_of_8(cpu_config: EngineConfig) -> None:
 def test_preset_weights_identical_across_processes(cpu_config: EngineConfig) -> None:
     code = (
         "from engine.loading import load_pipeline; from engine.config import EngineConfig; "
-        f"p = load_pipeline('tiny-dit', EngineConfig(device='cpu', cache_dir={cpu_config.cache_dir!r})); "
+        f"p = load_pipeline('tiny-dit', EngineConfig(device='cpu', dtype='float32', cache_dir={cpu_config.cache_dir!r})); "
         "print(sum(float(x.detach().double().sum()) for x in p.transformer.parameters()))"
     )
     env = os.environ | {"OMP_NUM_THREADS": "1"}

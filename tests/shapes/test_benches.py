@@ -184,12 +184,16 @@ def test_solver_bench_compares_with_the_reference(capsys: pytest.CaptureFixture[
 
 def test_engine_bench_runs_every_row(capsys: pytest.CaptureFixture[str]) -> None:
     figures = _load("engine").main(
-        ["--goals", "2", "--repeats", "1", "--steps", "3", "--batch", "2", "--caches", "first_block 0.1"]
+        ["--goals", "2", "--repeats", "1", "--steps", "3", "--batch", "2", "--caches", "first_block 0.1",
+         "--vanilla-bf16"]
     )
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == figures
     rows = figures["rows"]
     assert {"vanilla", "diffusers first_block 0.1", "runner (all off)", "runner + step cache",
-            "runner + solver", "runner, all on"} <= set(rows)  # fmt: skip
+            "runner + solver", "runner + bfloat16", "runner, all on", "bf16 vanilla",
+            "bf16 diffusers first_block 0.1"} <= set(rows)  # fmt: skip
+    # the bfloat16 references are reported beside the targets, never chosen as "diffusers best"
+    assert figures["targets"]["defaults"]["vs_bf16_vanilla"] > 0
     assert rows["vanilla"]["speedup"] == 1.0 and rows["vanilla"]["work"] == 1.0
     assert rows["vanilla"]["calls_per_image"] == 3 * 2 / 2  # 3 steps x (cond, uncond), 2 images a call
     assert rows["runner (all off)"]["psnr_db"] >= 40  # the same images as vanilla, to rounding
