@@ -113,13 +113,14 @@ _TRAILING_SIDE = re.compile(
 _LIST_SEPARATOR = re.compile(r"\s*(?:[,;&]|\band\b|\bplus\b)\s*", re.IGNORECASE)
 _PAIR_PLACES: tuple[tuple[re.Pattern[str], Anchor, Anchor], ...] = (
     (re.compile(r",?\s*\b(?:side\s+by\s+side|next\s+to\s+each\s+other|beside\s+each\s+other|"
-                r"left\s+and\s+right)\b", re.IGNORECASE), (0.25, 0.5), (0.75, 0.5)),
+                r"left\s+and\s+right)\s*$", re.IGNORECASE), (0.25, 0.5), (0.75, 0.5)),
     (re.compile(r",?\s*\b(?:one\s+above\s+the\s+other|stacked(?:\s+vertically)?|"
                 r"on\s+top\s+of\s+each\s+other|top\s+and\s+bottom)\s*$", re.IGNORECASE),
      (0.5, 0.25), (0.5, 0.75)),
 )
-"""Phrases that place a pair of objects together ("a cat and a dog side by side": the first on
-the left, the second on the right; "stacked": the first on top)."""
+"""Phrases closing a goal that place a pair of objects together ("a cat and a dog side by side":
+the first on the left, the second on the right; "stacked": the first on top). Read only when
+the rest is two objects with no relation between them; otherwise the words stay."""
 _SCENE = re.compile(
     r",?\s*\b(?:on|against|with|over)\s+(?:an?\s+|the\s+)?(?:[\w-]+\s+){0,3}background\b"
     r"|[,;]\s*(?:an?\s+|the\s+)?(?:[\w-]+\s+){0,3}background\s*[.!]?\s*$",
@@ -401,7 +402,15 @@ class RuleParser:
     def parse(self, text: str) -> tuple[Part, ...]:
         body = _SCENE.sub("", _FRAMING.sub("", _bracketed_places(text.strip())))
         body = _places_in_words(_drop_leading_verb(body))
-        body, pair = _pair_places(body)
+        rest, pair = _pair_places(body)
+        if pair is not None:
+            objects, places = self._objects(rest)
+            if len(objects) == 2 and places == [None, None]:
+                return self._parts(objects, list(pair))
+        return self._parts(*self._objects(body))  # the phrase is no pair's: keep its words
+
+    def _objects(self, body: str) -> tuple[list[list[str]], list[Anchor | None]]:
+        """Each object's segments, and the place a relation gives it."""
         objects: list[list[str]] = []  # each object's segments
         places: list[Anchor | None] = []  # a relation's place per object
         pending: list[str] = []  # place-only segments waiting for their object
@@ -431,9 +440,7 @@ class RuleParser:
                 objects[-1].append(segment)
         if pending and objects:
             objects[-1].extend(pending)
-        if pair is not None and len(objects) == 2 and places == [None, None]:
-            places = list(pair)
-        return self._parts(objects, places)
+        return objects, places
 
     def _parts(self, objects: list[list[str]], places: list[Anchor | None]) -> tuple[Part, ...]:
         parts: list[Part] = []

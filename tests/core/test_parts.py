@@ -114,6 +114,10 @@ def parse(text: str) -> list[tuple[str, tuple[float, float] | None]]:
          [("a red circle", LEFT), ("a blue square", RIGHT)]),
         ("a red circle and a blue square, stacked",
          [("a red circle", TOP), ("a blue square", BOTTOM)]),
+        ("a cat looking left and right and a dog",  # not closing the goal: no pair's places
+         [("a cat looking left and right", None), ("a dog", None)]),
+        ("a cat, a dog and a bird side by side",  # three objects: the words stay, the planner places
+         [("a cat", None), ("a dog", None), ("a bird side by side", None)]),
         # sentences, "and then", a colon after the request
         ("A red circle. A blue square.", [("A red circle", None), ("A blue square", None)]),
         ("a red circle, and then a blue square", [("a red circle", None), ("a blue square", None)]),
