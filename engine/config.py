@@ -40,6 +40,7 @@ def auto_dtype(device_type: str) -> str:
         return "bfloat16"
     return "float32"
 
+
 HALF_DTYPES = ("float16", "bfloat16")
 
 SOLVERS = ("euler", "dpm++2m")
@@ -208,7 +209,8 @@ class ResolvedEngine:
 class EngineConfig:
     """Switches for the diffusion engine. Each speed-up states its quality cost in a benchmark.
 
-    "auto" and None mean: decided per device by ``resolve()`` (winners on CUDA, off on CPU).
+    "auto" and None mean: decided per device by ``resolve()`` (winners on CUDA; on a CPU off,
+    but for bfloat16 where the CPU computes it natively).
     """
 
     device: str = "auto"
