@@ -255,6 +255,15 @@ class EngineConfig:
     drop the negative prompt's rows and predict from the prompt alone. 1.0: guidance on every
     step. Applies to the own loop (Flux); the stock pipeline call always guides every step."""
 
+    layout_split: float = 0.5
+    """Fraction of a layout's steps, from the first, denoised as one image (the regions'
+    rows blended after every step); the rest each region denoises alone on its own prompt,
+    and the finished rows are blended once (``engine.regions``). The shared steps settle the
+    background and where each object goes; apart, no region's object is drawn while the
+    transformer sees the others, which a model trained on scenes of one or two objects reads
+    poorly. 1.0: blended on every step (MultiDiffusion). Apart, a guided step runs one
+    negative row per region instead of one per request."""
+
 
     fused_adaln: bool | None = None
     """Route DiT adaptive LayerNorm (+ modulation, gated residual) through kernels' dispatcher;
@@ -313,6 +322,9 @@ class EngineConfig:
             raise ValueError(f"cfg_truncation {value!r} is not a number in [0, 1]")
         if self.solver not in SOLVERS:
             raise ValueError(f"solver {self.solver!r} is not one of {', '.join(SOLVERS)}")
+        value = self.layout_split
+        if not (isinstance(value, int | float) and math.isfinite(value) and 0 <= value <= 1):
+            raise ValueError(f"layout_split {value!r} is not a number in [0, 1]")
         StepCacheSettings.from_config(self)  # a bad step-cache switch fails here, clearly
 
     def resolved_cache_dir(self) -> Path:

@@ -8,9 +8,13 @@ once, on one batch whose rows are, in this order (a contract others build on):
      unconditional rows: one per request]
 
 and once ``cfg_truncation`` ends the guided steps, the trailing unconditional rows are
-dropped: each later step predicts from the prompts alone. A layout's regions all hold the
-request's one latent (they are blended after every step), and its negative prompt is the same
-for every region, so one unconditional row per request serves all its regions.
+dropped: each later step predicts from the prompts alone. While a layout's regions are
+blended (the first ``layout_split`` of its steps) they all hold the request's one latent,
+and its negative prompt is the same for every region, so one unconditional row per request
+serves all its regions. Once the regions go apart (``DenoiseBatch.split``) each region holds
+its own latent and the unconditional rows are one per region, in the same order:
+
+    [conditional rows: one per region, request-major; unconditional rows: one per region]
 
 Per step (``FluxDenoiseLoop.run``)::
 
@@ -81,8 +85,11 @@ class DenoiseBatch:
     weights: torch.Tensor | None = None
     ids: tuple[int, ...] = ()
     history: torch.Tensor | None = None
-    """The previous step's clean-latent estimate per request, for a multistep solver (None
-    before the first step, or for the Euler solver)."""
+    """The previous step's clean-latent estimate per request (per region once split), for a
+    multistep solver (None before the first step, or for the Euler solver)."""
+    region_latents: torch.Tensor | None = None
+    """Each region's own latents, (B * regions, tokens, channels), request-major, once a
+    layout's regions denoise apart (``split``); ``latents`` is then their blend."""
 
     def __post_init__(self) -> None:
         if not self.ids:
@@ -95,6 +102,8 @@ class DenoiseBatch:
             )
         if self.uncond_hidden is not None and self.uncond_hidden.shape[0] != n:
             raise ValueError(f"{self.uncond_hidden.shape[0]} unconditional rows for {n} requests")
+        if self.region_latents is not None and self.region_latents.shape[0] != rows:
+            raise ValueError(f"{self.region_latents.shape[0]} region latents for {rows} regions")
 
     @property
     def regions(self) -> int:
@@ -105,6 +114,27 @@ class DenoiseBatch:
     def size(self) -> int:
         """Requests in the batch."""
         return int(self.latents.shape[0])
+
+    @property
+    def is_split(self) -> bool:
+        """Whether each region of the batch's layouts holds its own latent."""
+        return self.region_latents is not None
+
+    def split(self) -> DenoiseBatch:
+        """The batch with each region holding a copy of its request's latent (and history),
+        to denoise on its own from here; ``blend`` joins them again."""
+        if self.weights is None:
+            raise ValueError("only a batch of layouts has regions to split")
+        k = self.regions
+        history = None if self.history is None else self.history.repeat_interleave(k, dim=0)
+        return replace(self, region_latents=self.latents.repeat_interleave(k, dim=0), history=history)
+
+    def blend(self, rows: torch.Tensor) -> torch.Tensor:
+        """Per-region rows, (B * regions, ...), joined into one row per request by the
+        layout's weights."""
+        assert self.weights is not None
+        per_request = rows.reshape(self.size, self.regions, *rows.shape[1:])
+        return (per_request * self.weights.to(rows.dtype)).sum(dim=1)
 
     def select(self, keep: Sequence[int]) -> DenoiseBatch:
         """The batch reduced to the requests at positions ``keep`` (in that order)."""
@@ -124,7 +154,8 @@ class DenoiseBatch:
             uncond_pooled=pick(self.uncond_pooled, index),
             weights=pick(self.weights, index),
             ids=tuple(self.ids[i] for i in keep),
-            history=pick(self.history, index),
+            history=pick(self.history, rows if self.is_split else index),
+            region_latents=pick(self.region_latents, rows),
         )
 
 
@@ -182,6 +213,13 @@ def dpm_solver_2m(
     return out.to(x.dtype)
 
 
+def split_step(steps: int, layout_split: float) -> int | None:
+    """The first step a layout's regions denoise apart, for ``layout_split`` (the fraction of
+    the steps blended, rounded up); None when every step is blended."""
+    at = math.ceil(steps * layout_split - 1e-9)
+    return at if at < steps else None
+
+
 StepCallback = Callable[[DenoiseStep, DenoiseBatch], "DenoiseBatch | None"]
 """Called after every step; may return a new batch (e.g. ``batch.select(keep)``)."""
 
@@ -210,7 +248,8 @@ class FluxDenoiseLoop:
     """Denoises ``DenoiseBatch``es on one FluxPipeline's transformer and scheduler."""
 
     def __init__(
-        self, pipe: FluxPipeline, cfg_truncation: float = 1.0, solver: str = "euler"
+        self, pipe: FluxPipeline, cfg_truncation: float = 1.0, solver: str = "euler",
+        layout_split: float = 1.0,
     ) -> None:
         if not isinstance(pipe, FluxPipeline):
             raise TypeError(f"the own denoising loop runs FluxPipelines, not {type(pipe).__name__}")
@@ -218,7 +257,10 @@ class FluxDenoiseLoop:
             raise ValueError(f"cfg_truncation {cfg_truncation!r} is not a number in [0, 1]")
         if solver not in SOLVERS:
             raise ValueError(f"solver {solver!r} is not one of {', '.join(SOLVERS)}")
+        if not (math.isfinite(layout_split) and 0.0 <= layout_split <= 1.0):
+            raise ValueError(f"layout_split {layout_split!r} is not a number in [0, 1]")
         self.pipe = pipe
+        self.layout_split = layout_split
         self.cfg_truncation = cfg_truncation
         self.solver = solver
 
@@ -257,9 +299,12 @@ class FluxDenoiseLoop:
         return scheduler, timesteps
 
     def predict(self, batch: DenoiseBatch, step: DenoiseStep) -> torch.Tensor:
-        """The step's flow-matching velocity per request: one transformer call on the
-        conditional rows and, on a guided step, the unconditional rows after them."""
+        """The step's flow-matching velocity per request (per region once the batch is
+        split): one transformer call on the conditional rows and, on a guided step, the
+        unconditional rows after them."""
         latents, k = batch.latents, batch.regions
+        if batch.region_latents is not None:
+            return self._predict_regions(batch, step)
         x = latents.repeat_interleave(k, dim=0) if k > 1 else latents
         hidden, pooled = batch.cond_hidden, batch.cond_pooled
         if step.guided:
@@ -267,8 +312,42 @@ class FluxDenoiseLoop:
             x = torch.cat([x, latents])
             hidden = torch.cat([hidden, batch.uncond_hidden])
             pooled = torch.cat([pooled, batch.uncond_pooled])
+        out = self._call(batch, step, x, hidden, pooled)
+        n = batch.size
+        cond = out[: n * k]
+        if k > 1:
+            assert batch.weights is not None
+            cond = (cond.reshape(n, k, *cond.shape[1:]) * batch.weights.to(cond.dtype)).sum(dim=1)
+        if not step.guided:
+            return cond
+        uncond = out[n * k :]
+        return uncond + batch.guidance * (cond - uncond)
+
+    def _predict_regions(self, batch: DenoiseBatch, step: DenoiseStep) -> torch.Tensor:
+        """A split batch's velocity per region: every region on its own latent, guided
+        against the negative prompt on that same latent."""
+        assert batch.region_latents is not None
+        x, k = batch.region_latents, batch.regions
+        hidden, pooled = batch.cond_hidden, batch.cond_pooled
+        if step.guided:
+            assert batch.uncond_hidden is not None and batch.uncond_pooled is not None
+            x = torch.cat([x, x])
+            hidden = torch.cat([hidden, batch.uncond_hidden.repeat_interleave(k, dim=0)])
+            pooled = torch.cat([pooled, batch.uncond_pooled.repeat_interleave(k, dim=0)])
+        out = self._call(batch, step, x, hidden, pooled)
+        rows = batch.region_latents.shape[0]
+        if not step.guided:
+            return out
+        cond, uncond = out[:rows], out[rows:]
+        return uncond + batch.guidance * (cond - uncond)
+
+    def _call(
+        self, batch: DenoiseBatch, step: DenoiseStep, x: torch.Tensor, hidden: torch.Tensor,
+        pooled: torch.Tensor,
+    ) -> torch.Tensor:
+        """One transformer call on the rows ``x`` with their text rows."""
         rows = x.shape[0]
-        timestep = step.timestep.expand(rows).to(latents.dtype)
+        timestep = step.timestep.expand(rows).to(x.dtype)
         guidance = None
         if self.transformer.config.guidance_embeds:  # guidance-distilled: guidance is an input
             guidance = torch.full([rows], batch.guidance, device=x.device, dtype=torch.float32)
@@ -284,15 +363,7 @@ class FluxDenoiseLoop:
                 joint_attention_kwargs={},
                 return_dict=False,
             )[0]
-        n = batch.size
-        cond = out[: n * k]
-        if k > 1:
-            assert batch.weights is not None
-            cond = (cond.reshape(n, k, *cond.shape[1:]) * batch.weights.to(cond.dtype)).sum(dim=1)
-        if not step.guided:
-            return cond
-        uncond = out[n * k :]
-        return uncond + batch.guidance * (cond - uncond)
+        return out
 
     def _cache_context(self, step: DenoiseStep) -> Any:
         context = getattr(self.transformer, "cache_context", None)
@@ -330,21 +401,29 @@ class FluxDenoiseLoop:
         if guided and batch.uncond_hidden is None:
             raise ValueError("guidance above 1 needs unconditional text rows")
         sigmas = [float(s) for s in scheduler.sigmas]
+        split_at = split_step(steps, self.layout_split) if batch.weights is not None else None
         for i, t in enumerate(timesteps):
             if i == guided and i > 0 and not keeps_leading_rows(self.transformer):
                 self.reset_cache()  # the unconditional rows go: cached states no longer fit
+            if i == split_at and not batch.is_split:
+                batch = batch.split()
+                self.reset_cache()  # a row per region from here: cached states no longer fit
             step = DenoiseStep(i, steps, t, sigmas[i], sigmas[i + 1], guided=i < guided)
-            step.x_t = batch.latents
-            step.velocity = self.predict(batch, step)
+            x = batch.latents if batch.region_latents is None else batch.region_latents
+            velocity = self.predict(batch, step)
             if self.solver == "euler":
-                batch.latents = scheduler.step(step.velocity, t, batch.latents, return_dict=False)[0]
+                stepped = scheduler.step(velocity, t, x, return_dict=False)[0]
             else:
-                x0 = preview_x0(step.x_t, step.velocity, step.sigma)
-                batch.latents = dpm_solver_2m(
-                    step.x_t, x0, batch.history, sigmas[i - 1] if i else None,
-                    step.sigma, step.sigma_next,
+                x0 = preview_x0(x, velocity, step.sigma)
+                stepped = dpm_solver_2m(
+                    x, x0, batch.history, sigmas[i - 1] if i else None, step.sigma, step.sigma_next,
                 )  # fmt: skip
                 batch.history = x0
+            if batch.region_latents is None:
+                step.x_t, step.velocity, batch.latents = x, velocity, stepped
+            else:  # the step as one row per request sees it: the regions' blend (all linear)
+                step.x_t, step.velocity = batch.blend(x), batch.blend(velocity)
+                batch.region_latents, batch.latents = stepped, batch.blend(stepped)
             if on_step is not None:
                 changed = on_step(step, batch)
                 if changed is not None:

@@ -47,10 +47,11 @@ from engine.denoise import (
     FluxDenoiseLoop,
     decode,
     decode_x0,
+    split_step,
 )
 from engine.edits import Editor, edit_problems
 from engine.loading import load_pipeline
-from engine.regions import region_weights
+from engine.regions import DRAW_SOFTNESS, region_weights
 from engine.speedups import apply_speedups
 from engine.types import MAX_REGION_SCALE, GenerationRequest, GenerationResult
 
@@ -204,7 +205,9 @@ class Runner:
         """The runner's own denoising loop, where ``config.own_loop`` is on and the pipeline
         is a FluxPipeline; None: the stock pipeline call."""
         if config.own_loop and isinstance(self.pipe, FluxPipeline):
-            self._loop = FluxDenoiseLoop(self.pipe, config.cfg_truncation, config.solver)
+            self._loop = FluxDenoiseLoop(
+                self.pipe, config.cfg_truncation, config.solver, config.layout_split
+            )
         self.editor = Editor(self)
         """Runs image-to-image and repair requests (``engine.edits``)."""
 
@@ -381,10 +384,14 @@ class Runner:
         noise = self._initial_noise(batch, generators, self._noise_dtype(text_kwargs))
         _, height, width = self._noise_shape(first)
         rows, cols = height // 2, width // 2  # Flux packs 2x2 latent patches into one token
-        weights = torch.stack([region_weights(r.regions, rows, cols) for r in batch])
+        weights = torch.stack([region_weights(r.regions, rows, cols, DRAW_SOFTNESS) for r in batch])
         weights = weights.reshape(len(batch), k, rows * cols, 1).to(noise.device, noise.dtype)
 
-        def blend(_pipe: Any, _i: int, _t: Any, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        split_at = split_step(first.steps, self.config.layout_split)
+
+        def blend(_pipe: Any, i: int, _t: Any, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+            if split_at is not None and split_at <= i < first.steps - 1:
+                return {}  # the regions denoise apart; blended once after the last step
             latents = tensors["latents"]
             per_request = latents.reshape(len(batch), k, *latents.shape[1:])
             mixed = (per_request * weights.to(latents.dtype)).sum(dim=1)
@@ -479,7 +486,7 @@ class Runner:
         if first.regions:
             _, height, width = self._noise_shape(first)
             rows, cols = height // 2, width // 2  # Flux packs 2x2 latent patches into one token
-            weights = torch.stack([region_weights(r.regions, rows, cols) for r in batch])
+            weights = torch.stack([region_weights(r.regions, rows, cols, DRAW_SOFTNESS) for r in batch])
             weights = weights.reshape(len(batch), k, rows * cols, 1).to(device, dtype)
 
         def pooled(embeddings: list[_TextEmbedding]) -> torch.Tensor:

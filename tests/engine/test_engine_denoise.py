@@ -11,7 +11,14 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
-from engine.denoise import CACHE_CONTEXT, DenoiseBatch, DenoiseStep, decode, guided_steps
+from engine.denoise import (
+    CACHE_CONTEXT,
+    DenoiseBatch,
+    DenoiseStep,
+    decode,
+    guided_steps,
+    split_step,
+)
 from engine.runner import Runner
 from engine.types import GenerationRequest, GenerationResult, Region
 
@@ -76,10 +83,16 @@ def test_one_transformer_call_per_step_with_cfg(cpu_config: EngineConfig) -> Non
     rows.clear()
     layouts = [replace(r, regions=LAYOUT) for r in plain[:2]]
     runner.generate(layouts)
-    assert rows == [2 * 2 + 2] * 3  # a row per region, one negative row per request
+    # blended (steps 0-1 of 3): a row per region, one negative row per request; apart (step
+    # 2): a negative row per region as well
+    assert rows == [2 * 2 + 2, 2 * 2 + 2, 2 * 2 * 2]
     rows.clear()
     runner.generate([replace(r, guidance=1.0) for r in plain])
     assert rows == [3] * 3  # no guidance: no negative rows
+    blended = Runner("tiny-dit", replace(cpu_config, layout_split=1.0))
+    blended_rows = _counting(blended)
+    blended.generate(layouts)
+    assert blended_rows == [2 * 2 + 2] * 3  # blended on every step
 
 
 def test_stock_pipeline_calls_twice_per_step(cpu_config: EngineConfig) -> None:
@@ -213,19 +226,54 @@ def test_diffusers_first_block_cache_works_in_the_loop(cpu_config: EngineConfig)
         assert _psnr(base.generate([request])[0], cached.generate([request])[0]) >= MIN_PSNR_DB
 
 
-def test_requests_can_be_dropped_mid_denoise(tiny: Runner) -> None:
+@pytest.mark.parametrize("at", [1, 2])  # before and after the layout's regions go apart
+def test_requests_can_be_dropped_mid_denoise(tiny: Runner, at: int) -> None:
     """``DenoiseBatch.select`` from a step callback: the survivors finish as if alone."""
-    assert tiny.loop is not None
+    assert tiny.loop is not None and split_step(4, tiny.loop.layout_split) == 2
     requests = [replace(GenerationRequest("two shapes", seed=s, steps=4, guidance=3.0), regions=LAYOUT)
                 for s in range(3)]  # fmt: skip
 
     def drop_the_first(step: DenoiseStep, batch: DenoiseBatch) -> DenoiseBatch | None:
-        return batch.select([1, 2]) if step.index == 1 else None
+        assert batch.is_split == (step.index >= 2)
+        return batch.select([1, 2]) if step.index == at else None
 
     pruned = tiny.loop.run(tiny.denoise_batch(requests), 4, on_step=drop_the_first)
     assert pruned.ids == (1, 2) and pruned.size == 2
     alone = tiny.loop.run(tiny.denoise_batch(requests[2:]), 4)
     assert torch.allclose(pruned.latents[1], alone.latents[0], atol=1e-5)
+
+
+@pytest.mark.parametrize(("steps", "fraction", "at"), [
+    (8, 0.5, 4), (3, 0.5, 2), (6, 0.5, 3), (8, 0.0, 0), (8, 1.0, None), (8, 0.99, None), (4, 0.75, 3),
+])
+def test_a_layout_splits_after_its_share_of_the_steps(
+    steps: int, fraction: float, at: int | None
+) -> None:
+    assert split_step(steps, fraction) == at
+
+
+def test_apart_each_region_denoises_as_if_it_were_alone(cpu_config: EngineConfig) -> None:
+    """Split from the first step, a region's own row is its prompt's plain trajectory (guided
+    against the negative on that row), so the layout is the blend of the plain images'
+    latents; blended on every step, it is not."""
+    requests = [GenerationRequest(r.prompt, seed=3, steps=3, guidance=3.0) for r in LAYOUT]
+    layout = replace(requests[0], prompt="two shapes", regions=LAYOUT)
+    for fraction, apart in ((0.0, True), (1.0, False)):
+        runner = Runner("tiny-dit", replace(cpu_config, layout_split=fraction))
+        assert runner.loop is not None
+        plain = runner.loop.run(runner.denoise_batch(requests), 3).latents
+        state = runner.denoise_batch([layout])
+        assert state.weights is not None
+        out = runner.loop.run(state, 3)
+        assert out.is_split == apart
+        blend = (state.weights[0] * plain).sum(dim=0)
+        assert torch.allclose(out.latents[0], blend, atol=1e-4) == apart, fraction
+
+
+def test_a_layout_split_is_a_fraction() -> None:
+    for bad in (-0.1, 1.5, float("nan")):
+        with pytest.raises(ValueError, match="layout_split"):
+            EngineConfig(layout_split=bad)
 
 
 def test_last_step_x0_preview_is_the_final_latents(tiny: Runner) -> None:
