@@ -21,14 +21,8 @@ SOFTNESS = 0.01
 """Squared distance (in image widths) over which a region's weight falls off by e at a
 border between two anchors: small enough that each region keeps the area nearest its anchor,
 large enough to blend the seam over about one latent position. Used where a region is cut
-out of an image (the scorer's region views, a repair's mask)."""
-
-DRAW_SOFTNESS = 0.08
-"""The same for drawing a layout (``engine.runner``): a seam shared over two to three latent
-positions. An object drawn a little past its region's border is kept whole instead of cut
-(on held-out three-object goals of the shapes world, with the regions apart for the second
-half of the steps, 0.69 of samples right against 0.62 at 0.06 and 0.66 at 0.11;
-docs/layouts.md)."""
+out of an image (the scorer's region views, a repair's mask); a layout is drawn with a
+softer seam (``EngineConfig.layout_softness``)."""
 
 
 def region_weights(

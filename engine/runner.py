@@ -51,7 +51,7 @@ from engine.denoise import (
 )
 from engine.edits import Editor, edit_problems
 from engine.loading import load_pipeline
-from engine.regions import DRAW_SOFTNESS, region_weights
+from engine.regions import region_weights
 from engine.speedups import apply_speedups
 from engine.types import MAX_REGION_SCALE, GenerationRequest, GenerationResult
 
@@ -384,7 +384,7 @@ class Runner:
         noise = self._initial_noise(batch, generators, self._noise_dtype(text_kwargs))
         _, height, width = self._noise_shape(first)
         rows, cols = height // 2, width // 2  # Flux packs 2x2 latent patches into one token
-        weights = torch.stack([region_weights(r.regions, rows, cols, DRAW_SOFTNESS) for r in batch])
+        weights = torch.stack([region_weights(r.regions, rows, cols, self.config.layout_softness) for r in batch])
         weights = weights.reshape(len(batch), k, rows * cols, 1).to(noise.device, noise.dtype)
 
         split_at = split_step(first.steps, self.config.layout_split)
@@ -486,7 +486,7 @@ class Runner:
         if first.regions:
             _, height, width = self._noise_shape(first)
             rows, cols = height // 2, width // 2  # Flux packs 2x2 latent patches into one token
-            weights = torch.stack([region_weights(r.regions, rows, cols, DRAW_SOFTNESS) for r in batch])
+            weights = torch.stack([region_weights(r.regions, rows, cols, self.config.layout_softness) for r in batch])
             weights = weights.reshape(len(batch), k, rows * cols, 1).to(device, dtype)
 
         def pooled(embeddings: list[_TextEmbedding]) -> torch.Tensor:

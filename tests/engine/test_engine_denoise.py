@@ -270,10 +270,13 @@ def test_apart_each_region_denoises_as_if_it_were_alone(cpu_config: EngineConfig
         assert torch.allclose(out.latents[0], blend, atol=1e-4) == apart, fraction
 
 
-def test_a_layout_split_is_a_fraction() -> None:
+def test_a_layout_split_is_a_fraction_and_its_softness_positive() -> None:
     for bad in (-0.1, 1.5, float("nan")):
         with pytest.raises(ValueError, match="layout_split"):
             EngineConfig(layout_split=bad)
+    for bad in (0.0, -1.0, float("inf")):
+        with pytest.raises(ValueError, match="layout_softness"):
+            EngineConfig(layout_softness=bad)
 
 
 def test_last_step_x0_preview_is_the_final_latents(tiny: Runner) -> None:

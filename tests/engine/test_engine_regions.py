@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
-from engine.regions import region_weights
+from engine.regions import SOFTNESS, region_weights
 from engine.runner import Runner
 from engine.shapes import checker
 from engine.types import MAX_REGIONS, GenerationRequest, Region
@@ -133,3 +133,18 @@ def test_the_shapes_model_draws_each_part_where_its_region_is() -> None:
     swapped = (Region(parts[0], *RIGHT), Region(parts[1], *LEFT))
     wrong = runner.generate([replace(base, seed=s, regions=swapped) for s in range(8)])
     assert sum(checker.check(r.image, objects).all_ok for r in wrong) < sum(right)
+
+
+def test_a_layout_is_drawn_with_the_configured_seam(tiny: Runner, cpu_config: EngineConfig) -> None:
+    """The own loop blends a layout's rows by ``EngineConfig.layout_softness``, softer than
+    the seam the scorer cuts region views with (``regions.SOFTNESS``)."""
+    regions = (Region("a red circle", *LEFT), Region("a blue square", *RIGHT), Region("x", *TOP))
+    for softness in (0.02, cpu_config.layout_softness):
+        runner = tiny if softness == cpu_config.layout_softness else Runner(
+            "tiny-dit", replace(cpu_config, layout_softness=softness))
+        state = runner.denoise_batch([_layout(runner, 0, regions)])
+        assert state.weights is not None
+        side = int(state.weights.shape[2] ** 0.5)  # the packed token grid
+        drawn = state.weights[0, :, :, 0].reshape(3, side, side)
+        assert torch.allclose(drawn, region_weights(regions, side, side, softness), atol=1e-6)
+    assert cpu_config.layout_softness > SOFTNESS
