@@ -113,6 +113,22 @@ def test_layout_mix_runs(capsys: pytest.CaptureFixture[str]) -> None:
     assert all(0.0 <= v <= 1.0 for v in figures["chosen_right_by_mix"].values())
 
 
+def test_layout_draw_runs_every_setting_on_the_same_images(capsys: pytest.CaptureFixture[str]) -> None:
+    bench = _load("layout_draw")
+    argv = ["--goals", "1", "--samples", "2", "--objects", "3", "--settings", "1:0.01", "0.5:0.08", "alone"]
+    figures = bench.main(argv)
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == figures
+    rows = figures["rows"]
+    assert set(rows) == {"1:0.01", "0.5:0.08", "alone"}
+    assert [rows[s]["3"]["images"] for s in rows] == [2, 2, 6]  # alone: one image per part
+    assert all(0.0 <= rows[s]["3"]["right"] <= 1.0 for s in rows)
+    assert rows["alone"]["3"]["right"] == rows["alone"]["3"]["part_right"]  # one object an image
+    with pytest.raises(SystemExit, match="split:softness"):
+        bench.main(["--settings", "half"])
+    with pytest.raises(ValueError, match="layout_split"):
+        bench.main(["--settings", "2:0.08"])
+
+
 def test_prune_runs_resumes_and_agrees_with_the_engine(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
