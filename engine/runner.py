@@ -10,10 +10,11 @@ its initial noise built here, drawn exactly as the pipeline would draw it, so th
 requests of that batch get the very images they get without it.
 
 A request with ``regions`` (a layout) runs as one pipeline row per region, every row from the
-request's own noise; after each step the rows are blended by ``engine.regions`` weights, so
-each region's prompt draws the area nearest its anchor. Layouts run on Flux pipelines, whose
-flow-matching Euler step is linear in the model output (so blending after the step is
-blending the predictions).
+request's own noise; after each of the first ``EngineConfig.layout_split`` of the steps the
+rows are blended by ``engine.regions`` weights, then each row goes on alone and the finished
+rows are blended once, so each region's prompt draws the area nearest its anchor. Layouts run
+on Flux pipelines, whose flow-matching Euler step is linear in the model output (so blending
+after the step is blending the predictions).
 
 Flux pipelines run the runner's own loop (``engine.denoise``, ``EngineConfig.own_loop``):
 the same noise, timesteps and Euler steps as the stock pipeline call, with the prompts' and
@@ -370,7 +371,7 @@ class Runner:
 
     def _run_layout_batch(self, batch: list[GenerationRequest]) -> list[GenerationResult]:
         """One pipeline call for layouts of as many regions: one row per region, blended after
-        every step, and one decode per request."""
+        every step until the split and once after the last, and one decode per request."""
         first, k = batch[0], len(batch[0].regions)
         start = time.perf_counter()
         text_kwargs = self._text_kwargs(
