@@ -249,7 +249,7 @@ class FluxDenoiseLoop:
 
     def __init__(
         self, pipe: FluxPipeline, cfg_truncation: float = 1.0, solver: str = "euler",
-        layout_split: float = 1.0,
+        layout_split: float = 0.5,
     ) -> None:
         if not isinstance(pipe, FluxPipeline):
             raise TypeError(f"the own denoising loop runs FluxPipelines, not {type(pipe).__name__}")
@@ -314,10 +314,7 @@ class FluxDenoiseLoop:
             pooled = torch.cat([pooled, batch.uncond_pooled])
         out = self._call(batch, step, x, hidden, pooled)
         n = batch.size
-        cond = out[: n * k]
-        if k > 1:
-            assert batch.weights is not None
-            cond = (cond.reshape(n, k, *cond.shape[1:]) * batch.weights.to(cond.dtype)).sum(dim=1)
+        cond = batch.blend(out[: n * k]) if k > 1 else out[: n * k]
         if not step.guided:
             return cond
         uncond = out[n * k :]
