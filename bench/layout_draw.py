@@ -109,13 +109,13 @@ def main(argv: list[str] | None = None) -> dict:
     defaults = model_defaults(args.model)
     steps, guidance = int(defaults.get("steps", 8)), float(defaults.get("guidance", 3.0))
     rows: dict[str, dict[str, dict]] = {}
-    for n_obj in args.objects:
-        goals = world.heldout_goals(args.goals, objects=n_obj, seed=args.goal_seed)
-        for text, setting in settings.items():
-            split, softness = setting or (1.0, 0.08)
-            runner = Runner(args.model, EngineConfig(max_batch=32, layout_split=split,
-                                                     layout_softness=softness))
-            row = run_setting(runner, goals, args.samples, steps, guidance, setting is None)
+    goals = {k: world.heldout_goals(args.goals, objects=k, seed=args.goal_seed) for k in args.objects}
+    for text, setting in settings.items():
+        split, softness = setting or (1.0, 0.08)
+        runner = Runner(args.model, EngineConfig(max_batch=32, layout_split=split,
+                                                 layout_softness=softness))
+        for n_obj in args.objects:
+            row = run_setting(runner, goals[n_obj], args.samples, steps, guidance, setting is None)
             rows.setdefault(text, {})[f"{n_obj}"] = row
             print(f"# {n_obj} objects, {text}: {json.dumps(row)}", flush=True)
     print(f"\n{args.goals} held-out goals per kind (seed {args.goal_seed}), {args.samples} samples "

@@ -383,10 +383,7 @@ class Runner:
         start = time.perf_counter()
         generators = [torch.Generator("cpu").manual_seed(r.seed) for r in batch]
         noise = self._initial_noise(batch, generators, self._noise_dtype(text_kwargs))
-        _, height, width = self._noise_shape(first)
-        rows, cols = height // 2, width // 2  # Flux packs 2x2 latent patches into one token
-        weights = torch.stack([region_weights(r.regions, rows, cols, self.config.layout_softness) for r in batch])
-        weights = weights.reshape(len(batch), k, rows * cols, 1).to(noise.device, noise.dtype)
+        weights = self._layout_weights(batch).to(noise.device, noise.dtype)
 
         split_at = split_step(first.steps, self.config.layout_split)
 
@@ -465,11 +462,20 @@ class Runner:
         """Steps of ``request`` that run the unconditional rows in the own loop."""
         return 0 if self._loop is None else self._loop.guided_steps(request.steps, request.guidance)
 
+    def _layout_weights(self, batch: Sequence[GenerationRequest]) -> torch.Tensor:
+        """(B, regions, tokens, 1) weights of layouts that share a batch key, on the packed
+        token grid, with the drawing seam (``EngineConfig.layout_softness``)."""
+        _, height, width = self._noise_shape(batch[0])
+        rows, cols = height // 2, width // 2  # Flux packs 2x2 latent patches into one token
+        softness = self.config.layout_softness
+        weights = torch.stack([region_weights(r.regions, rows, cols, softness) for r in batch])
+        return weights.reshape(len(batch), len(batch[0].regions), rows * cols, 1)
+
     def denoise_batch(self, batch: Sequence[GenerationRequest]) -> DenoiseBatch:
         """The own loop's starting state for requests that share a batch key: their text rows
         (from the cache, misses encoded in one call) and initial noise (drawn as the stock
         pipeline draws it, variations blended in), plus region weights for layouts."""
-        first, k = batch[0], batch[0].denoiser_passes
+        first = batch[0]
         if self._loop is None:
             raise RuntimeError(f"{type(self.pipe).__name__} does not run the own loop here")
         if first.regions:
@@ -485,10 +491,7 @@ class Runner:
         noise = self._initial_noise(list(batch), generators, dtype).to(device)
         weights = None
         if first.regions:
-            _, height, width = self._noise_shape(first)
-            rows, cols = height // 2, width // 2  # Flux packs 2x2 latent patches into one token
-            weights = torch.stack([region_weights(r.regions, rows, cols, self.config.layout_softness) for r in batch])
-            weights = weights.reshape(len(batch), k, rows * cols, 1).to(device, dtype)
+            weights = self._layout_weights(batch).to(device, dtype)
 
         def pooled(embeddings: list[_TextEmbedding]) -> torch.Tensor:
             return torch.cat([e.pooled for e in embeddings if e.pooled is not None])
