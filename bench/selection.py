@@ -16,8 +16,12 @@ on the region's prompt; cosines, higher is better):
 
   whole           cos(image, goal)
   parts-region    0.5 * (whole + weakest part's cos on its region): the loop's objective
-                  before the contrastive check
+                  until 2026-12-02
   region-min      the weakest part's cos on its region, alone
+  region-mean     the parts' mean cos on their regions, alone (no whole-goal score)
+  region-min+mean 0.5 * (weakest part + the parts' mean), no whole-goal score
+  whole+parts     the mean of the whole-goal cos and every part's (the whole counts as one
+                  part more): the loop's objective
   parts-mean      0.5 * (whole + the parts' mean cos on their regions)
   parts-mix       0.5 * whole + 0.25 * (weakest part + the parts' mean)
   margin-min      the weakest part's contrast margin: cos(view, own text) minus the best
@@ -98,7 +102,7 @@ from engine.types import GenerationRequest, Region
 
 OBJECTIVES = (
     "whole", "parts-region", "crop-min", "crop-parts", "crop-mix",
-    "region-min", "parts-mean", "parts-mix", "margin-min", "prob-min", "logprob-sum",
+    "region-min", "region-mean", "region-min+mean", "whole+parts", "parts-mean", "parts-mix", "margin-min", "prob-min", "logprob-sum",
     "presence-min", "contrast-min", "whole+margin", "parts+margin", "verified",
     "verified-blank", "goal-contrast", "consensus-min", "parts+consensus", "parts+consensus/2",
     "own+consensus-min", "zpart-min", "z-parts", "z-sum",
@@ -331,6 +335,9 @@ def objectives(f: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         "crop-parts": 0.5 * (whole + crop.min(1)),
         "crop-mix": 0.5 * whole + 0.25 * (own.min(1) + crop.min(1)),
         "region-min": own.min(1),
+        "region-mean": own.mean(1),
+        "region-min+mean": 0.5 * (own.min(1) + own.mean(1)),
+        "whole+parts": (whole + own.sum(1)) / (own.shape[1] + 1),
         "parts-mean": 0.5 * (whole + own.mean(1)),
         "parts-mix": 0.5 * whole + 0.25 * (own.min(1) + own.mean(1)),
         "margin-min": margin.min(1),
@@ -356,7 +363,7 @@ def objectives(f: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     })
 
 
-SHIPPED = "parts-region"
+SHIPPED = "whole+parts"
 """The loop's objective (`agentloop.revisers.base.objective_of` on these part scores)."""
 
 
@@ -382,9 +389,12 @@ def part_auroc(pairs: list[tuple[np.ndarray, np.ndarray]]) -> float | None:
 def shape_margins(image: Image.Image, objects: list[dict[str, str]]) -> list[tuple[bool, float]]:
     """How sure the judge itself is of each requested shape: (right, soft IoU of the requested
     shape's template minus the best other template's) per requested object found alone at its
-    position. Near 0: the checker's call is a close one."""
+    position (objects asked without a position are left out). Near 0: the checker's call is
+    a close one."""
     out = []
     for req in objects:
+        if "position" not in req:
+            continue
         found = [d for d in checker.detect(image) if d.position == req["position"]]
         if len(found) != 1 or not found[0].shape_scores:
             continue
