@@ -30,6 +30,8 @@ loop's mean passes rounded up.
     python bench/loop_quality.py            # full run
     python bench/loop_quality.py --quick    # small run
     python bench/loop_quality.py --goals 20 --budgets 16 --no-baselines
+    python bench/loop_quality.py --goals 40 --budgets 16 --kinds 3 --no-baselines \
+        --record /tmp/loop3.jsonl && python bench/selection.py --objects 3 --replay /tmp/loop3.jsonl
 """
 
 from __future__ import annotations
@@ -43,7 +45,9 @@ if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
     sys.path.pop(0)
 
 import argparse
+import base64
 import inspect
+import io
 import json
 import math
 import re
@@ -160,11 +164,13 @@ def configure_reviser(name: str, options: list[str]) -> tuple[dict[str, Any], li
 
 
 def run_loops(store: Store, settings: Settings, residency: Residency, goals: list[world.Goal],
-              budget: int, reviser: str = "search") -> list[tuple[Image.Image, int, int, bool]]:
+              budget: int, reviser: str = "search", record: Path | None = None,
+              key: str = "") -> list[tuple[Image.Image, int, int, bool]]:
     """The loop on each goal, all goals side by side in one embedded runtime.
 
     Returns each goal's best image, the generations it used, their denoiser passes, and
-    whether any of its images is right by the checker (the oracle).
+    whether any of its images is right by the checker (the oracle). With ``record``, appends
+    each laid-out goal's candidates to that JSON lines file (``record_line``).
     """
     texts = [g.text for g in goals]
     specs = [check_goal(GoalRequest(goal=t, budget=budget, seed=i, reviser=reviser), settings)
@@ -194,7 +200,36 @@ def run_loops(store: Store, settings: Settings, residency: Residency, goals: lis
         )
         moves = Counter((c.edit or "seed").split(":", 1)[0] for c in state.candidates)
         out.append((image, state.goal.generations_reserved, passes, any_right, moves))
+        if record is not None and best.regions:
+            line = record_line(f"{key}/{len(out) - 1}", goal, state.candidates, best, root)
+            with record.open("a") as fh:
+                fh.write(json.dumps(line) + "\n")
     return out
+
+
+def _png(image: Image.Image) -> str:
+    """An image as base64 PNG text (as bench/selection.py records images)."""
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def record_line(key: str, goal: world.Goal, candidates: list, best, root: Path) -> dict[str, Any]:  # noqa: ANN001
+    """One goal's candidates drawn from the layout of its chosen one, as `bench/selection.py`
+    records a goal (so ``selection.py --replay`` ranks them by every objective), plus
+    ``picked``, the loop's own choice among them."""
+    drawn = [c for c in candidates if c.status is CandidateStatus.SUCCEEDED and c.artifact_uri
+             and c.regions == best.regions]
+    images = [Image.open(root / c.artifact_uri).convert("RGB") for c in drawn]
+    checks = [checker.check(im, goal.objects) for im in images]
+    return {
+        "key": key, "objects_n": len(goal.objects), "text": goal.text, "objects": goal.objects,
+        "layout": [list(e) for e in best.regions], "seeds": [c.seed for c in drawn], "steps": 0,
+        "right": [c.all_ok for c in checks],
+        "objects_ok": [[all(o.values()) for o in c.objects] for c in checks],
+        "images": [_png(im) for im in images],
+        "picked": next(i for i, c in enumerate(drawn) if c.id == best.id),
+    }
 
 
 def _share(c) -> float:  # noqa: ANN001 - a CandidateView
@@ -210,11 +245,12 @@ def _share(c) -> float:  # noqa: ANN001 - a CandidateView
 
 def evaluate(n_goals: int, kind: str, budgets: list[int], settings: Settings,
              residency: Residency, store: Store, seed: int, reviser: str = "search",
-             baselines: bool = True) -> dict[str, float]:
+             baselines: bool = True, record: Path | None = None) -> dict[str, float]:
     goals = goals_of(kind, n_goals, seed)
     out: dict[str, float] = {}
     for n in budgets:
-        loops = run_loops(store, settings, residency, goals, n, reviser)
+        loops = run_loops(store, settings, residency, goals, n, reviser, record,
+                          f"{kind}/{seed}/{n}")
         out[f"loop_{n}"] = sum(checker.check(im, g.objects).all_ok
                                for (im, *_), g in zip(loops, goals, strict=True)) / n_goals
         out[f"loop_{n}_oracle"] = sum(any_right for _, _, _, any_right, _ in loops) / n_goals
@@ -253,6 +289,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--scorer", default="shapes-clip")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json-out", type=Path, default=None)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads (default: torch's; 1 when two runs share 2 cores)")
+    parser.add_argument("--record", type=Path, default=None, metavar="FILE",
+                        help="append each laid-out goal's candidates to FILE (JSON lines, the "
+                             "format bench/selection.py --replay reads)")
     parser.add_argument(
         "--variation-share", type=float, default=None,
         help="run (c) with SearchReviser(variation_share=X): that share of each later iteration "
@@ -274,6 +315,10 @@ def main(argv: list[str] | None = None) -> dict:
     )
     parser.add_argument("--prune-at", type=float, default=0.2, help="share of steps before the cut")
     args = parser.parse_args(argv)
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
     if args.prune_factor:
         args.reviser_option = [f"prune_factor={args.prune_factor}", f"prune_at={args.prune_at}",
                                *args.reviser_option]
@@ -306,7 +351,7 @@ def main(argv: list[str] | None = None) -> dict:
             residency = Residency()
             results = {
                 _label(k): evaluate(n_goals, k, budgets, settings, residency, store, args.seed,
-                                    args.reviser, not args.no_baselines)
+                                    args.reviser, not args.no_baselines, args.record)
                 for k in kinds
             }
             store.dispose()

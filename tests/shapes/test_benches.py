@@ -15,6 +15,7 @@ from types import ModuleType
 import pytest
 
 from engine.defaults import model_defaults
+from engine.scorer import Scorer
 
 pytestmark = pytest.mark.slow
 
@@ -55,12 +56,28 @@ def test_loop_quality_runs_and_lays_out_two_object_goals(
 
 
 def test_loop_quality_lays_out_three_objects_placeless_and_phrased_goals(
-    capsys: pytest.CaptureFixture[str]
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
+    record = tmp_path / "loop.jsonl"
     figures = _load("loop_quality").main([
         "--goals", "1", "--budgets", "2", "--kinds", "3,2-noplace,2-phrased", "--no-baselines",
-        "--reviser-option", "layout_share=1", "--reviser-option", "no_such_toggle=true"])
+        "--reviser-option", "layout_share=1", "--reviser-option", "no_such_toggle=true",
+        "--record", str(record), "--threads", "1"])
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == figures
+    # the record: each goal's candidates as the selection bench records a goal, and the pick
+    lines = [json.loads(line) for line in record.read_text().splitlines()]
+    assert [r["key"].split("/")[0] for r in lines] == ["3", "2-noplace", "2-phrased"]
+    assert [r["objects_n"] for r in lines] == [3, 2, 2]
+    selection = _load("selection")
+    scorer = Scorer("shapes-clip", device="cpu")
+    for r in lines:
+        assert len(r["images"]) == len(r["right"]) == 2 and len(r["layout"]) == r["objects_n"]
+        # the selection bench's copy of the loop's objective picks what the loop picked
+        values = selection.objectives(selection.features(scorer, selection._decode(r)))
+        assert int(values[selection.SHIPPED].argmax()) == r["picked"]
+    replayed = selection.main(["--objects", "2,3", "--replay", str(record)])
+    capsys.readouterr()
+    assert replayed["kinds"]["3"]["goals"] == 1 and replayed["kinds"]["2"]["goals"] == 2
     assert figures["reviser_options"] == {"layout_share": 1}
     assert figures["reviser_options_left_out"] == ["no_such_toggle"]
     assert figures["3_object"]["loop_2_mean_passes"] == 6.0  # three regions per image
