@@ -270,7 +270,7 @@ def preview_scorer_name(settings: Settings, scorer: str) -> str:
 def preview_scorer(scorer: Scorer, requests: Sequence[ScoreRequest]) -> PreviewScorer:
     """The runner's preview scorer for a batch whose score requests are ``requests`` (by
     position): each preview scored as the reviser ranks finished candidates (``objective_of``:
-    the CLIPScore, or for a goal of parts the mean of it and the weakest part's)."""
+    the CLIPScore, or for a goal of parts the mean of it and every part's)."""
 
     def score(positions: Sequence[int], previews: Sequence[Image.Image]) -> list[float]:
         asked = [requests[i] for i in positions]

@@ -232,8 +232,8 @@ SYSTEM_PROMPT = """\
 You steer an image generation loop. A text-to-image model draws candidates; a CLIP scorer \
 rates each against the goal on the CLIPScore scale (2.5 * max(cosine, 0); higher is better; \
 well-matched images of this model score about 0.7 to 1.0). A goal with several parts also gets \
-a score per part; candidates are ranked by the mean of the whole-goal score and the weakest \
-part's score, so an image that drops a part loses.
+a score per part; candidates are ranked by the mean of the whole-goal score and every part's \
+score (objective), so an image that drops a part loses.
 
 You read the situation as JSON: the goal, its parts (and part_places, the anchors the goal gives them, when it does), layouts_supported, n (how many moves to give), and the best and worst candidates so far with their id, prompt, seed, score, objective (what ranks them), part_scores, regions, parent_id and edit. Propose the next candidates as moves:
 - "prompt": a new prompt (fields: prompt, optional negative_prompt, seed).

@@ -65,7 +65,9 @@ def standardize(x: torch.Tensor) -> torch.Tensor:
 
 def objective(img: torch.Tensor, text: torch.Tensor, parts: torch.Tensor | None) -> torch.Tensor:
     """The reviser's objective from unit embeddings: ``img`` (n, d) against the goal text (d,)
-    and, when there are two or more parts, each part (p, d): 0.5 * (text + weakest part)."""
+    and, when there are two or more parts, each part (p, d): 0.5 * (text + weakest part), the
+    loop's objective when the measured fine-tunes (docs/models.md) were trained; the loop now
+    ranks by the mean of the text's and every part's score (`objective_of`)."""
     score = CLIPSCORE_WEIGHT * (img @ text)
     if parts is None or parts.shape[0] < 2:
         return score

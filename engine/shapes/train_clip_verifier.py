@@ -18,10 +18,10 @@ checker's verdict on every image and on every object in it.
 
 ``train``, per step, for ``--goals-per-step`` goals whose candidates the checker splits:
 
-- **Selection (listwise).** The student scores the goal's candidates exactly as the loop
-  ranks them (`agentloop.revisers.base.objective_of`: the goal's CLIPScore, and for several
-  parts the mean of it and the weakest part's CLIPScore on its region view,
-  `engine.scorer.region_views`); the loss is the cross-entropy of the softmax of its
+- **Selection (listwise).** The student scores the goal's candidates as the loop ranked them
+  when the measured fine-tune was trained (`agentloop.revisers.base.objective_of` then: the
+  goal's CLIPScore, and for several parts the mean of it and the weakest part's CLIPScore on
+  its region view, `engine.scorer.region_views`; the loop now takes every part's); the loss is the cross-entropy of the softmax of its
   standardized scores (temperature ``--tau``) against the checker's right candidates
   (uniform over them). Only the ranking is learned.
 - **Parts (listwise).** The same per part, over the part's region views, against the

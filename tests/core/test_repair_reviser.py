@@ -92,9 +92,8 @@ def test_repairs_get_more_slots_once_they_paid_off_and_fewer_once_they_did_not(
     p = SearchReviser(repair=True).propose(ctx(s, history, n=8, iteration=2))
     repairs = [d for d in p.candidates if (d.edit or "").startswith("repair:")]
     assert len(repairs) == expected
-    assert p.notes["repair_mean_gain"] == pytest.approx(
-        sum(0.5 * (g + 2 * g) for g in (gain, gain)) / 2, abs=1e-3
-    )
+    # the objective's gain: the mean of the whole goal's (g) and each part's (0 and 2g)
+    assert p.notes["repair_mean_gain"] == pytest.approx((gain + 0 + 2 * gain) / 3, abs=1e-3)
     # never the same repair twice: fresh seeds, distinct identities
     assert len({(d.init_image, d.seed) for d in repairs}) == len(repairs)
 

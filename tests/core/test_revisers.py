@@ -79,6 +79,18 @@ def test_objective_penalizes_a_missing_part() -> None:
     assert objective(one, ()) == 0.8
 
 
+def test_objective_counts_every_part_and_the_whole_goal_once() -> None:
+    parts = ("a red circle on the left", "a blue square on the right", "a green ring at the top")
+    scores = {parts[0]: 1.5, parts[1]: 1.2, parts[2]: 1.5}
+    a = cand(0, "x", 1, 1.0, scores)
+    b = cand(1, "x", 2, 1.0, {**scores, parts[2]: 1.2})  # same whole and weakest part
+    c = cand(2, "x", 3, 1.3, {**scores, parts[0]: 1.2})  # whole +0.3, one part -0.3
+    assert objective(a, parts) == pytest.approx((1.0 + 1.5 + 1.2 + 1.5) / 4)
+    assert objective(a, parts) > objective(b, parts)  # the other parts count, not only the weakest
+    assert objective(c, parts) == pytest.approx(objective(a, parts))  # the whole is one part more
+    assert objective(a, parts[:2]) == pytest.approx((1.0 + 1.5 + 1.2) / 3)  # parts of the goal only
+
+
 def test_edit_share_follows_the_evidence() -> None:
     s = spec()
     r = SearchReviser()
