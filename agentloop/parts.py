@@ -101,26 +101,41 @@ _PAREN_PLACE = re.compile(
 )
 """A place in brackets after an object: "a red circle (left)", "a blue square (top right)"."""
 _LABELLED_PLACE = re.compile(
-    rf"(^|[,;&.]|\band\b|\bplus\b)(\s*)(?:the\s+)?({_SIDE}(?:[\s-]+{_SIDE})?)\s*:\s*"
+    rf"(^|[,;&.]|\band\b|\bplus\b)(\s*)(?:the\s+)?({_SIDE}(?:[\s-]+{_SIDE})?)\s*(?::|\s[-–—])\s*"
     r"(.+?)(?=\s*(?:[,;&.]|\band\b|\bplus\b|$))",
     re.IGNORECASE,
 )
-"""A place written as a label before its object: "left: a red circle, right: a blue square"."""
+"""A place written as a label before its object: "left: a red circle, right: a blue square",
+"top - a green ring"."""
 _TRAILING_SIDE = re.compile(
     rf"(?<!\bthe)(?<!\bon)(?<!\bat)(?<!\bin)(?<!\bto)\s+({_SIDE}(?:[\s-]+{_SIDE})?)\s*$",
     re.IGNORECASE,
 )
 _LIST_SEPARATOR = re.compile(r"\s*(?:[,;&]|\band\b|\bplus\b)\s*", re.IGNORECASE)
-_PAIR_PLACES: tuple[tuple[re.Pattern[str], Anchor, Anchor], ...] = (
+_ARRANGEMENTS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r",?\s*\b(?:side\s+by\s+side|next\s+to\s+each\s+other|beside\s+each\s+other|"
-                r"left\s+and\s+right)\s*$", re.IGNORECASE), (0.25, 0.5), (0.75, 0.5)),
+                r"next\s+to\s+one\s+another|left\s+and\s+right|(?:all\s+)?in\s+an?\s+"
+                r"(?:horizontal\s+)?(?:row|line)|(?:from\s+)?left\s+to\s+right|"
+                r"horizontally)\s*[.!]?\s*$", re.IGNORECASE), "row"),
     (re.compile(r",?\s*\b(?:one\s+above\s+the\s+other|stacked(?:\s+vertically)?|"
-                r"on\s+top\s+of\s+each\s+other|top\s+and\s+bottom)\s*$", re.IGNORECASE),
-     (0.5, 0.25), (0.5, 0.75)),
+                r"on\s+top\s+of\s+each\s+other|top\s+and\s+bottom|(?:all\s+)?in\s+an?\s+"
+                r"(?:vertical\s+)?(?:column|stack)|in\s+a\s+vertical\s+(?:row|line)|"
+                r"(?:from\s+)?top\s+to\s+bottom|vertically)\s*[.!]?\s*$", re.IGNORECASE),
+     "column"),
 )
-"""Phrases closing a goal that place a pair of objects together ("a cat and a dog side by side":
-the first on the left, the second on the right; "stacked": the first on top). Read only when
-the rest is two objects with no relation between them; otherwise the words stay."""
+"""Phrases closing a goal that arrange its objects ("a cat and a dog side by side", "a red,
+a green and a blue circle in a row": evenly spaced from left to right, in the goal's order;
+"stacked", "in a column": from the top down). Read only when none of the objects has a
+place of its own (by its words or a relation); otherwise the words stay."""
+
+
+def arrangement_anchors(axis: str, n: int) -> list[Anchor]:
+    """``n`` anchors evenly spaced along a row (left to right) or a column (top down). Two or
+    three objects take the anchors of the place words themselves ("left", "center", "right":
+    0.25, 0.5, 0.75), so that a region's prompt ("... on the left") says where its region
+    is; four or more the centers of n equal bands."""
+    along = [0.25 + 0.5 * k / (n - 1) for k in range(n)] if n <= 3 else [(k + 0.5) / n for k in range(n)]
+    return [(a, 0.5) for a in along] if axis == "row" else [(0.5, a) for a in along]
 _SCENE = re.compile(
     r",?\s*\b(?:on|against|with|over)\s+(?:an?\s+|the\s+)?(?:[\w-]+\s+){0,3}background\b"
     r"|[,;]\s*(?:an?\s+|the\s+)?(?:[\w-]+\s+){0,3}background\s*[.!]?\s*$",
@@ -264,9 +279,10 @@ def _bare_pieces(segment: str) -> list[str]:
     """An article-free list's noun phrases (the segment alone when it is not one)."""
     joiners = list(_BARE_JOINER.finditer(segment))
     if not joiners:
-        # a list by commas alone is a list when each phrase states its own place
-        # ("red circle on the left, blue square on the right")
-        pieces = [p for p in re.split(r"\s*,\s*", segment) if p.strip(" ,.;")]
+        # a list by commas (or sentences) alone is a list when each phrase states its own
+        # place ("red circle on the left, blue square on the right", "left: red circle.
+        # right: blue square.")
+        pieces = [p for p in re.split(r"\s*(?:,|\.(?=\s))\s*", segment) if p.strip(" ,.;")]
         if len(pieces) > 1 and all(
             PLACE_PHRASE.search(p) and len(_content_words(p)) >= BARE_MIN_WORDS for p in pieces
         ):
@@ -348,11 +364,12 @@ def _places_in_words(body: str) -> str:
     return "".join(out)
 
 
-def _pair_places(body: str) -> tuple[str, tuple[Anchor, Anchor] | None]:
-    """The body without a phrase that places a pair ("side by side"), and that pair's places."""
-    for pattern, first, second in _PAIR_PLACES:
+def _arrangement(body: str) -> tuple[str, str | None]:
+    """The body without a closing phrase that arranges its objects ("side by side", "in a
+    row", "stacked"), and the arrangement's axis ("row", "column"; None without one)."""
+    for pattern, axis in _ARRANGEMENTS:
         if pattern.search(body):
-            return _tidy(pattern.sub("", body)), (first, second)
+            return _tidy(pattern.sub("", body)), axis
     return body, None
 
 
@@ -402,12 +419,14 @@ class RuleParser:
     def parse(self, text: str) -> tuple[Part, ...]:
         body = _SCENE.sub("", _FRAMING.sub("", _bracketed_places(text.strip())))
         body = _places_in_words(_drop_leading_verb(body))
-        rest, pair = _pair_places(body)
-        if pair is not None:
-            objects, places = self._objects(rest)
-            if len(objects) == 2 and places == [None, None]:
-                return self._parts(objects, list(pair))
-        return self._parts(*self._objects(body))  # the phrase is no pair's: keep its words
+        rest, axis = _arrangement(body)
+        if axis is not None:
+            parts = self._parts(*self._objects(rest))
+            if len(parts) > 1 and all(p.place is None for p in parts):
+                anchors = arrangement_anchors(axis, len(parts))
+                return tuple(replace(p, place=a, stated_place=False)
+                             for p, a in zip(parts, anchors, strict=True))
+        return self._parts(*self._objects(body))  # the phrase arranges nothing: keep its words
 
     def _objects(self, body: str) -> tuple[list[list[str]], list[Anchor | None]]:
         """Each object's segments, and the place a relation gives it."""

@@ -116,8 +116,28 @@ def parse(text: str) -> list[tuple[str, tuple[float, float] | None]]:
          [("a red circle", TOP), ("a blue square", BOTTOM)]),
         ("a cat looking left and right and a dog",  # not closing the goal: no pair's places
          [("a cat looking left and right", None), ("a dog", None)]),
-        ("a cat, a dog and a bird side by side",  # three objects: the words stay, the planner places
-         [("a cat", None), ("a dog", None), ("a bird side by side", None)]),
+        # an arrangement of any number of objects: evenly spaced, in the goal's order (two or
+        # three at the place words' own anchors, more in equal bands)
+        ("a cat, a dog and a bird side by side",
+         [("a cat", LEFT), ("a dog", CENTER), ("a bird", RIGHT)]),
+        ("a red circle, a blue square and a green ring in a row",
+         [("a red circle", LEFT), ("a blue square", CENTER), ("a green ring", RIGHT)]),
+        ("a red circle, a blue square and a green ring, stacked vertically.",
+         [("a red circle", TOP), ("a blue square", CENTER), ("a green ring", BOTTOM)]),
+        ("a cup and a plate in a column", [("a cup", TOP), ("a plate", BOTTOM)]),
+        ("a lamp, a sofa and a plant from left to right",
+         [("a lamp", LEFT), ("a sofa", CENTER), ("a plant", RIGHT)]),
+        ("four cups in a row", [("a cup", (k / 8, 0.5)) for k in (1, 3, 5, 7)]),
+        ("three red circles in a row",
+         [("a red circle", LEFT), ("a red circle", CENTER), ("a red circle", RIGHT)]),
+        ("a red circle on the left and a blue square, side by side",  # placed already: words stay
+         [("a red circle", LEFT), ("a blue square, side by side", None)]),
+        ("a row of houses and a tree", [("a row of houses", None), ("a tree", None)]),
+        # labels as sentences or with a dash
+        ("left: red circle. right: blue square.", [("red circle", LEFT), ("blue square", RIGHT)]),
+        ("Left: red circle. Right: blue square. Top: green ring.",
+         [("red circle", LEFT), ("blue square", RIGHT), ("green ring", TOP)]),
+        ("left - red circle; right - blue square", [("red circle", LEFT), ("blue square", RIGHT)]),
         # sentences, "and then", a colon after the request
         ("A red circle. A blue square.", [("A red circle", None), ("A blue square", None)]),
         ("a red circle, and then a blue square", [("a red circle", None), ("a blue square", None)]),
