@@ -364,6 +364,41 @@ def _places_in_words(body: str) -> str:
     return "".join(out)
 
 
+_ITEM_SPLIT = re.compile(r"\s*(?:,\s*and\b|,|\band\b|&)\s*", re.IGNORECASE)
+
+
+def _distributed(body: str) -> str:
+    """A count whose objects are then told apart, as one phrase per object: "two circles, one
+    red and one blue" -> "a red circle and a blue circle"; "three circles in a row: red,
+    green and blue" -> "a red circle, a green circle and a blue circle in a row"; "two
+    squares: one on the left, one on the right". Only when the items are as many as the
+    count, each of at most four words without an article, and after a comma each opening
+    with "one" ("two circles, highly detailed and sharp" keeps its modifiers); otherwise the
+    body is unchanged."""
+    whole, closing = _arrangement(body)
+    m = re.match(r"^(?P<left>[^:,]+?)\s*(?P<sep>[:,])\s*(?P<items>.+?)\s*[.!]?\s*$", whole)
+    if m is None:
+        return body
+    left, axis = _arrangement(m.group("left"))
+    n, one = _count_of(left)
+    raw = [i.strip() for i in _ITEM_SPLIT.split(m.group("items")) if i.strip()]
+    items = [re.sub(r"^one\s+", "", i, flags=re.IGNORECASE) for i in raw]
+    if n < 2 or len(items) != n or any(
+        not i or len(i.split()) > 4 or re.match(rf"^{_DET}\b", i, re.IGNORECASE) for i in items
+    ) or (m.group("sep") == "," and not all(re.match(r"^one\s", i, re.IGNORECASE) for i in raw)):
+        return body
+    axis = axis or closing
+    noun = re.sub(r"^an?\s+", "", one)
+    phrases = []
+    for item in items:
+        if item.split()[0].lower() in _PREPOSITIONS:  # a place after the noun
+            phrases.append(f"{one} {item}")
+        else:  # modifiers before it
+            phrases.append(f"{'an' if item[:1].lower() in 'aeiou' else 'a'} {item} {noun}")
+    arranged = {"row": " in a row", "column": " in a column"}.get(axis or "", "")
+    return f"{', '.join(phrases[:-1])} and {phrases[-1]}{arranged}"
+
+
 def _arrangement(body: str) -> tuple[str, str | None]:
     """The body without a closing phrase that arranges its objects ("side by side", "in a
     row", "stacked"), and the arrangement's axis ("row", "column"; None without one)."""
@@ -380,10 +415,14 @@ def _count_of(phrase: str) -> tuple[int, str]:
         return 1, phrase
     n, rest = NUMBERS[m.group(1).lower()], m.group(2)
     words = rest.split()
-    cut = next((i for i, w in enumerate(words) if w.lower() in _PREPOSITIONS), len(words))
+    # the noun: the last word before a preposition, or the word a comma closes ("two
+    # circles, highly detailed")
+    cut = next((i + w.endswith(",") for i, w in enumerate(words)
+                if w.lower() in _PREPOSITIONS or w.endswith(",")), len(words))
     if cut == 0:
         return 1, phrase
-    words[cut - 1] = _singular(words[cut - 1])
+    noun = words[cut - 1]
+    words[cut - 1] = _singular(noun[:-1]) + "," if noun.endswith(",") else _singular(noun)
     head = " ".join(words)
     return n, f"{'an' if head[:1].lower() in 'aeiou' else 'a'} {head}"
 
@@ -418,7 +457,7 @@ class RuleParser:
 
     def parse(self, text: str) -> tuple[Part, ...]:
         body = _SCENE.sub("", _FRAMING.sub("", _bracketed_places(text.strip())))
-        body = _places_in_words(_drop_leading_verb(body))
+        body = _distributed(_places_in_words(_drop_leading_verb(body)))
         rest, axis = _arrangement(body)
         if axis is not None:
             parts = self._parts(*self._objects(rest))

@@ -133,6 +133,17 @@ def parse(text: str) -> list[tuple[str, tuple[float, float] | None]]:
         ("a red circle on the left and a blue square, side by side",  # placed already: words stay
          [("a red circle", LEFT), ("a blue square, side by side", None)]),
         ("a row of houses and a tree", [("a row of houses", None), ("a tree", None)]),
+        # a count told apart item by item (after a colon, or each item opening with "one")
+        ("three circles in a row: red, green and blue",
+         [("a red circle", LEFT), ("a green circle", CENTER), ("a blue circle", RIGHT)]),
+        ("a pair of circles, one red and one blue", [("a red circle", None), ("a blue circle", None)]),
+        ("Two cats: one black, one white.", [("a black cat", None), ("a white cat", None)]),
+        ("two squares, one on the left and one on the right",
+         [("a square", LEFT), ("a square", RIGHT)]),
+        ("two circles, one small and one large, stacked",
+         [("a small circle", TOP), ("a large circle", BOTTOM)]),
+        ("two circles, highly detailed and sharp",  # modifiers, not items: one noun, counted
+         [("a circle, highly detailed and sharp", None)] * 2),
         # labels as sentences or with a dash
         ("left: red circle. right: blue square.", [("red circle", LEFT), ("blue square", RIGHT)]),
         ("Left: red circle. Right: blue square. Top: green ring.",
