@@ -123,8 +123,8 @@ _ARRANGEMENTS: tuple[tuple[re.Pattern[str], str], ...] = (
                 r"(?:from\s+)?top\s+to\s+bottom|vertically)\s*[.!]?\s*$", re.IGNORECASE),
      "column"),
 )
-"""Phrases closing a goal that arrange its objects ("a cat and a dog side by side", "a red,
-a green and a blue circle in a row": evenly spaced from left to right, in the goal's order;
+"""Phrases closing a goal that arrange its objects ("a cat and a dog side by side", "a cup, a
+plate and a bowl in a row": evenly spaced from left to right, in the goal's order;
 "stacked", "in a column": from the top down). Read only when none of the objects has a
 place of its own (by its words or a relation); otherwise the words stay."""
 
@@ -136,6 +136,8 @@ def arrangement_anchors(axis: str, n: int) -> list[Anchor]:
     is; four or more the centers of n equal bands."""
     along = [0.25 + 0.5 * k / (n - 1) for k in range(n)] if n <= 3 else [(k + 0.5) / n for k in range(n)]
     return [(a, 0.5) for a in along] if axis == "row" else [(0.5, a) for a in along]
+
+
 _SCENE = re.compile(
     r",?\s*\b(?:on|against|with|over)\s+(?:an?\s+|the\s+)?(?:[\w-]+\s+){0,3}background\b"
     r"|[,;]\s*(?:an?\s+|the\s+)?(?:[\w-]+\s+){0,3}background\s*[.!]?\s*$",
@@ -449,8 +451,9 @@ class RuleParser:
     triangle") when each of its phrases has two words or more (`_bare_pieces`); glues
     modifier segments back on ("a red circle, small", "on the left, a red circle"); drops
     framing ("a picture of", "there is") and a background clause; reads relations ("a circle
-    above a square", "to the left of") as places; expands counts ("two red circles") into one
-    part each, at most `MAX_PARTS` in all.
+    above a square", "to the left of") and arrangements ("in a row", "stacked") as places;
+    expands counts ("two red circles", "two circles, one red and one blue") into one part
+    each, at most `MAX_PARTS` in all.
     """
 
     name = "rules"
